@@ -1,0 +1,87 @@
+package dlock
+
+import (
+	"context"
+	"time"
+)
+
+// Driver is what a backend implements: the primitives of one lock service.
+// Everything that is the same for every backend — validation, waiting,
+// validity deadlines, the refresh watchdog, loss signalling, bookkeeping for
+// Close — is done once by the Locker that New builds around a Driver.
+//
+// A Driver's methods are called concurrently. Names and requests it is given
+// have been validated already.
+type Driver interface {
+	// Capabilities describes the backend; it must not change.
+	Capabilities() Capabilities
+
+	// TryAcquire makes exactly one attempt to take req.Name for req.Token.
+	// When someone else holds it, it returns an error matching
+	// ErrNotAcquired, preferably a *BusyError carrying the holder's remaining
+	// time. ctx bounds the attempt.
+	TryAcquire(ctx context.Context, req Request) (*Grant, error)
+
+	// Close releases the driver's own resources (not the application's
+	// client, when the driver was built from one). The Locker has already
+	// released every lease and stopped all its goroutines.
+	Close() error
+}
+
+// Waiter is implemented by drivers whose backend queues waiters itself (etcd
+// and ZooKeeper queues, PostgreSQL's lock queue). Acquire blocks until the lock
+// is granted or ctx ends; on return without a grant it must leave no waiter
+// state behind on the server.
+type Waiter interface {
+	Acquire(ctx context.Context, req Request) (*Grant, error)
+}
+
+// Notifier is implemented by drivers that can tell a waiter when a name may
+// have become free (for example by a message published on release). Watch
+// returns once the subscription is in place, so that a release after Watch
+// returns is never missed. The channel receives (or is closed) when the
+// name may be free; stop ends the watch.
+type Notifier interface {
+	Watch(ctx context.Context, name string) (c <-chan struct{}, stop func(), err error)
+}
+
+// Request is one acquisition attempt.
+type Request struct {
+	Name     string
+	Token    string        // random, 128 bits, hex: unique to this lease
+	TTL      time.Duration // how long the server keeps the lock unless refreshed
+	Metadata string
+}
+
+// Grant is what a driver returns for a granted lock.
+type Grant struct {
+	// Handle performs the lease's later operations.
+	Handle Handle
+	// Fence is the fencing token, when the driver declares Fencing.
+	Fence uint64
+	// TTL is the lifetime the server granted, when it differs from the one
+	// requested (etcd raises short TTLs, ZooKeeper negotiates its session
+	// timeout). Zero means as requested.
+	TTL time.Duration
+	// Lost, when not nil, is closed by the driver as soon as it learns that
+	// the lock is gone (session expired, connection lost, key deleted). The
+	// Locker turns that into the lease's loss signal.
+	Lost <-chan struct{}
+	// Drift, when not zero, replaces the default clock drift margin
+	// (TTL/100 + 2ms) subtracted from the lease's validity.
+	Drift time.Duration
+}
+
+// Handle is the driver's side of one held lease.
+type Handle interface {
+	// Refresh extends the lock to ttl from now and returns the TTL granted
+	// (zero: as asked). It fails with an error matching ErrNotHeld when the
+	// lock is no longer this lease's, and must never re-create a lost lock.
+	Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error)
+	// Release removes the lock only if it is still this lease's. It returns
+	// an error matching ErrNotHeld when it was not (already gone or taken
+	// over), and nil when it removed it.
+	Release(ctx context.Context) error
+	// Held asks the server whether the lock is still this lease's.
+	Held(ctx context.Context) (bool, error)
+}

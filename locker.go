@@ -1,0 +1,341 @@
+// Package dlock is one lock interface over several distributed-lock backends.
+//
+// Applications hold a Locker, opened from a URL with Open or built by a
+// driver's constructor from a client they already own, and get a *Lease for
+// each lock they take. A lease is exclusive while it is valid (until
+// ValidUntil); its loss is always reported through Done, Err and Context,
+// never only logged; it carries a fencing token where the backend can make
+// one; and Release never removes someone else's lock.
+//
+// Drivers (redis, redlock, etcd, zookeeper, postgres, memory) implement the
+// backend primitives of Driver; the waiting loop, the refresh watchdog,
+// validity deadlines, input validation and context handling live once, here.
+package dlock
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Locker takes named locks on one backend. It is safe for concurrent use.
+type Locker interface {
+	// Acquire waits until the named lock is held or ctx ends. When ctx ends
+	// first the error matches both ErrNotAcquired and ctx.Err(), and no
+	// waiter state is left behind. ctx bounds the wait only, not the lease.
+	Acquire(ctx context.Context, name string, opts *Options) (*Lease, error)
+
+	// TryAcquire makes exactly one attempt; it returns an error matching
+	// ErrNotAcquired if someone else holds the lock. ctx bounds the attempt.
+	TryAcquire(ctx context.Context, name string, opts *Options) (*Lease, error)
+
+	// Capabilities describes the backend.
+	Capabilities() Capabilities
+
+	// Close releases every lease still held through this Locker, ends waits
+	// in progress (they return ErrClosed), stops all background work and
+	// closes the driver before returning. ctx bounds the releases. Later
+	// calls return ErrClosed; a second Close returns nil.
+	Close(ctx context.Context) error
+}
+
+// New returns the Locker for a driver. defaults (nil for the package
+// defaults) apply to every acquisition whose Options leave a field zero.
+func New(d Driver, defaults *Options) (Locker, error) {
+	if d == nil {
+		return nil, invalid("nil driver")
+	}
+	caps := d.Capabilities()
+	if _, err := defaults.resolve(nil, caps); err != nil {
+		return nil, err
+	}
+	l := &locker{d: d, caps: caps, leases: make(map[*Lease]struct{})}
+	if defaults != nil {
+		cp := *defaults
+		l.defaults = &cp
+	}
+	l.waiter, _ = d.(Waiter)
+	l.notifier, _ = d.(Notifier)
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	return l, nil
+}
+
+type locker struct {
+	d        Driver
+	caps     Capabilities
+	defaults *Options
+	waiter   Waiter
+	notifier Notifier
+
+	ctx    context.Context // cancelled by Close: ends waits
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	closed   bool
+	inflight sync.WaitGroup // acquisitions under way
+	leases   map[*Lease]struct{}
+	monitors sync.WaitGroup // one per lease
+}
+
+func (l *locker) Capabilities() Capabilities { return l.caps }
+
+func (l *locker) Acquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
+	return l.acquire(ctx, name, opts, true)
+}
+
+func (l *locker) TryAcquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
+	return l.acquire(ctx, name, opts, false)
+}
+
+func (l *locker) acquire(ctx context.Context, name string, opts *Options, wait bool) (*Lease, error) {
+	if ctx == nil {
+		return nil, invalid("nil context")
+	}
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	o, err := opts.resolve(l.defaults, l.caps)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, ErrClosed
+	}
+	l.inflight.Add(1)
+	l.mu.Unlock()
+	defer l.inflight.Done()
+
+	if err := ctx.Err(); err != nil {
+		return nil, errors.Join(ErrNotAcquired, err)
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(l.ctx, func() { cancel(ErrClosed) })
+	defer stop()
+
+	req := Request{Name: name, Token: newToken(), TTL: o.TTL, Metadata: o.Metadata}
+	var g *Grant
+	var sent time.Time
+	switch {
+	case !wait:
+		g, sent, err = l.attempt(actx, req)
+	case l.waiter != nil:
+		sent = time.Now()
+		g, err = l.waiter.Acquire(actx, req)
+		if err == nil {
+			sent, err = l.checkValidity(ctx, req, g, sent)
+		}
+	default:
+		g, sent, err = l.poll(actx, req, o)
+	}
+	if err != nil {
+		return nil, l.waitError(ctx, actx, err)
+	}
+	return l.newLease(req, o, g, sent)
+}
+
+// waitError shapes the error of an acquisition that ended without a grant.
+func (l *locker) waitError(ctx, actx context.Context, err error) error {
+	switch {
+	case l.ctx.Err() != nil && ctx.Err() == nil:
+		return errors.Join(ErrNotAcquired, ErrClosed)
+	case ctx.Err() != nil:
+		if errors.Is(err, ctx.Err()) && errors.Is(err, ErrNotAcquired) {
+			return err
+		}
+		return errors.Join(ErrNotAcquired, ctx.Err(), err)
+	}
+	return err
+}
+
+// attempt makes one TryAcquire and checks that the grant is still valid
+// once the reply is in: a grant that took longer than its validity is given
+// back and reported as not acquired.
+func (l *locker) attempt(ctx context.Context, req Request) (*Grant, time.Time, error) {
+	sent := time.Now()
+	g, err := l.d.TryAcquire(ctx, req)
+	if err != nil {
+		return nil, sent, err
+	}
+	sent, err = l.checkValidity(ctx, req, g, sent)
+	return g, sent, err
+}
+
+func (l *locker) checkValidity(ctx context.Context, req Request, g *Grant, sent time.Time) (time.Time, error) {
+	if g == nil || g.Handle == nil {
+		return sent, fmt.Errorf("dlock: driver returned an empty grant for %q", req.Name)
+	}
+	if time.Now().Before(validUntil(sent, req.TTL, g)) {
+		return sent, nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), req.TTL)
+	defer cancel()
+	_ = g.Handle.Release(rctx) // best effort: it expires anyway
+	return sent, fmt.Errorf("%w: the grant arrived after its validity had passed (acquire took longer than TTL minus drift)", ErrNotAcquired)
+}
+
+// poll is the waiting loop for drivers without a server-side queue: one
+// attempt, then wait for a release notification (when the driver offers
+// them) or for the holder's remaining TTL, then again.
+func (l *locker) poll(ctx context.Context, req Request, o Options) (*Grant, time.Time, error) {
+	var notify <-chan struct{}
+	backoff := o.RetryMin
+	var lastErr error
+	timer := time.NewTimer(0)
+	<-timer.C
+	defer timer.Stop()
+	for {
+		g, sent, err := l.attempt(ctx, req)
+		if err == nil {
+			return g, sent, nil
+		}
+		if ctx.Err() != nil {
+			return nil, sent, errors.Join(ErrNotAcquired, lastErr)
+		}
+		var delay time.Duration
+		var busy *BusyError
+		switch {
+		case errors.As(err, &busy):
+			lastErr = nil
+			if l.notifier != nil && notify == nil {
+				c, stopWatch, werr := l.notifier.Watch(ctx, req.Name)
+				if werr == nil {
+					defer stopWatch()
+					notify = c
+					continue // the release may have come before the watch: look again
+				}
+				lastErr = werr
+			}
+			if notify != nil {
+				// Notified waiting; poll only when the holder's lock would
+				// expire, or rarely if that is unknown.
+				delay = busy.RetryAfter + time.Millisecond
+				if busy.RetryAfter <= 0 {
+					delay = o.RetryMax
+				}
+			} else {
+				delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
+				if busy.RetryAfter > 0 && busy.RetryAfter < delay {
+					delay = busy.RetryAfter + time.Millisecond
+				}
+			}
+		case errors.Is(err, ErrNotAcquired):
+			delay = 0 // the grant expired on the way: try again at once
+		case errors.Is(err, ErrInvalid), errors.Is(err, ErrClosed):
+			return nil, sent, err
+		default: // a backend error: keep trying until ctx ends
+			lastErr = err
+			delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
+		}
+		timer.Reset(delay)
+		select {
+		case <-ctx.Done():
+			return nil, sent, errors.Join(ErrNotAcquired, lastErr)
+		case <-notify:
+			if !timer.Stop() {
+				<-timer.C
+			}
+		case <-timer.C:
+		}
+	}
+}
+
+func (l *locker) newLease(req Request, o Options, g *Grant, sent time.Time) (*Lease, error) {
+	ls := newLease(l, req, o, g, sent)
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), req.TTL)
+		defer cancel()
+		_ = g.Handle.Release(ctx)
+		return nil, ErrClosed
+	}
+	l.leases[ls] = struct{}{}
+	l.monitors.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.monitors.Done()
+		ls.monitor()
+	}()
+	return ls, nil
+}
+
+func (l *locker) forget(ls *Lease) {
+	l.mu.Lock()
+	delete(l.leases, ls)
+	l.mu.Unlock()
+}
+
+func (l *locker) Close(ctx context.Context) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	l.cancel()
+	l.inflight.Wait()
+
+	l.mu.Lock()
+	leases := make([]*Lease, 0, len(l.leases))
+	for ls := range l.leases {
+		leases = append(leases, ls)
+	}
+	l.mu.Unlock()
+
+	errs := make([]error, len(leases))
+	var wg sync.WaitGroup
+	for i, ls := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ls.Release(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
+				errs[i] = fmt.Errorf("dlock: releasing %q on close: %w", ls.name, err)
+			}
+			// A release that failed still ends the lease here; the server drops the
+			// lock at its TTL.
+			ls.end(fmt.Errorf("%w: the locker was closed: %w", ErrLost, ErrClosed))
+		}()
+	}
+	wg.Wait()
+	l.monitors.Wait()
+	return errors.Join(append(errs, l.d.Close())...)
+}
+
+// newToken returns 128 random bits, hex-encoded.
+func newToken() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// drift is the default clock drift margin: TTL/100 + 2ms.
+func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+func validUntil(sent time.Time, requested time.Duration, g *Grant) time.Time {
+	ttl := requested
+	if g.TTL > 0 {
+		ttl = g.TTL
+	}
+	d := g.Drift
+	if d <= 0 {
+		d = drift(ttl)
+	}
+	return sent.Add(ttl - d)
+}
+
+// jitter returns d plus up to a quarter of d at random.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d + rand.N(d/4+1)
+}

@@ -1,0 +1,219 @@
+package dlock
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// Defaults for Options fields left zero.
+const (
+	DefaultTTL      = 15 * time.Second
+	DefaultRetryMin = 10 * time.Millisecond
+	DefaultRetryMax = time.Second
+	// MaxNameLen is the longest lock name, in bytes, that every driver accepts.
+	MaxNameLen = 512
+	// MaxMetadataLen bounds Options.Metadata, in bytes.
+	MaxMetadataLen = 1024
+)
+
+// Options control one acquisition. A nil *Options, and every zero field, means
+// the Locker's defaults (set by its URL or constructor), then the package
+// defaults documented on each field. Each field maps to the URL query
+// parameter named in its comment.
+type Options struct {
+	// TTL is how long the lock lives on the server unless refreshed
+	// (URL: ttl=10s). Default 15s.
+	TTL time.Duration
+
+	// NoRefresh turns the watchdog off (URL: refresh=false). By default a
+	// lease is refreshed every RefreshInterval; a refresh that fails is retried
+	// until ValidUntil, and then the lease reports loss.
+	NoRefresh bool
+
+	// RefreshInterval is the watchdog's period (URL: refresh_interval=5s).
+	// Default TTL/3.
+	RefreshInterval time.Duration
+
+	// RetryMin and RetryMax bound the jittered, doubling delay between
+	// attempts for drivers that must poll, and between retries after backend
+	// errors while waiting (URL: retry_min=10ms, retry_max=1s). Defaults 10ms
+	// and 1s.
+	RetryMin, RetryMax time.Duration
+
+	// Metadata is stored with the lock where the backend can, for
+	// introspection (URL: metadata=host-a). Default empty.
+	Metadata string
+}
+
+// resolve merges o over defaults over the package defaults and validates the
+// result against the driver's capabilities.
+func (o *Options) resolve(defaults *Options, caps Capabilities) (Options, error) {
+	var r Options
+	for _, src := range []*Options{defaults, o} {
+		if src == nil {
+			continue
+		}
+		if src.TTL != 0 {
+			r.TTL = src.TTL
+		}
+		if src.NoRefresh {
+			r.NoRefresh = true
+		}
+		if src.RefreshInterval != 0 {
+			r.RefreshInterval = src.RefreshInterval
+		}
+		if src.RetryMin != 0 {
+			r.RetryMin = src.RetryMin
+		}
+		if src.RetryMax != 0 {
+			r.RetryMax = src.RetryMax
+		}
+		if src.Metadata != "" {
+			r.Metadata = src.Metadata
+		}
+	}
+	if o != nil && o.TTL < 0 {
+		return r, invalid("TTL %v is not positive", o.TTL)
+	}
+	if r.TTL == 0 {
+		r.TTL = DefaultTTL
+	}
+	if r.RetryMin == 0 {
+		r.RetryMin = DefaultRetryMin
+	}
+	if r.RetryMax == 0 {
+		r.RetryMax = DefaultRetryMax
+	}
+	if r.RefreshInterval == 0 {
+		r.RefreshInterval = r.TTL / 3
+	}
+	return r, r.validate(caps)
+}
+
+func (o *Options) validate(caps Capabilities) error {
+	switch {
+	case o.TTL <= 0:
+		return invalid("TTL %v is not positive", o.TTL)
+	case o.TTL < caps.MinTTL:
+		return invalid("TTL %v is below the backend's minimum %v", o.TTL, caps.MinTTL)
+	case o.TTL < time.Millisecond:
+		return invalid("TTL %v is below 1ms", o.TTL)
+	case o.RefreshInterval < 0 || o.RefreshInterval >= o.TTL:
+		return invalid("refresh interval %v must be positive and below the TTL %v", o.RefreshInterval, o.TTL)
+	case o.RetryMin < 0 || o.RetryMax < o.RetryMin:
+		return invalid("retry delays %v..%v are not an ascending positive range", o.RetryMin, o.RetryMax)
+	case len(o.Metadata) > MaxMetadataLen:
+		return invalid("metadata is %d bytes, over the limit of %d", len(o.Metadata), MaxMetadataLen)
+	case !utf8.ValidString(o.Metadata):
+		return invalid("metadata is not valid UTF-8")
+	}
+	return nil
+}
+
+// ValidateName reports whether name is accepted by every driver: non-empty,
+// valid UTF-8, no NUL byte, at most MaxNameLen bytes. Drivers map accepted
+// names onto their backend (escaping, hashing) themselves.
+func ValidateName(name string) error {
+	switch {
+	case name == "":
+		return invalid("empty lock name")
+	case len(name) > MaxNameLen:
+		return invalid("lock name is %d bytes, over the limit of %d", len(name), MaxNameLen)
+	case !utf8.ValidString(name):
+		return invalid("lock name is not valid UTF-8")
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] == 0 {
+			return invalid("lock name contains a NUL byte")
+		}
+	}
+	return nil
+}
+
+// Query parameters understood by every driver; see Options.
+var optionParams = []string{"ttl", "refresh", "refresh_interval", "retry_min", "retry_max", "metadata"}
+
+// OptionsFromQuery takes the lock options out of a URL query, deleting the
+// keys it used from q, so that a driver can read its own parameters from
+// what remains and reject the rest with RejectUnknown.
+func OptionsFromQuery(q url.Values) (*Options, error) {
+	o := &Options{}
+	durations := map[string]*time.Duration{
+		"ttl": &o.TTL, "refresh_interval": &o.RefreshInterval,
+		"retry_min": &o.RetryMin, "retry_max": &o.RetryMax,
+	}
+	for _, key := range optionParams {
+		vals, ok := q[key]
+		if !ok {
+			continue
+		}
+		delete(q, key)
+		if len(vals) != 1 {
+			return nil, invalid("URL parameter %q given %d times", key, len(vals))
+		}
+		v := vals[0]
+		switch key {
+		case "refresh":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return nil, invalid("URL parameter refresh=%q is not a boolean", v)
+			}
+			o.NoRefresh = !b
+		case "metadata":
+			o.Metadata = v
+		default:
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return nil, invalid("URL parameter %s=%q is not a positive duration", key, v)
+			}
+			*durations[key] = d
+		}
+	}
+	return o, nil
+}
+
+// RejectUnknown returns an ErrInvalid error naming the keys left in q, or nil.
+func RejectUnknown(q url.Values) error {
+	if len(q) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(q))
+	for k := range q {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return invalid("unknown URL parameter(s) %v", keys)
+}
+
+// Query returns the URL query parameters that express o, the inverse of
+// OptionsFromQuery (zero fields are left out).
+func (o *Options) Query() url.Values {
+	q := url.Values{}
+	if o == nil {
+		return q
+	}
+	set := func(k string, d time.Duration) {
+		if d != 0 {
+			q.Set(k, d.String())
+		}
+	}
+	set("ttl", o.TTL)
+	set("refresh_interval", o.RefreshInterval)
+	set("retry_min", o.RetryMin)
+	set("retry_max", o.RetryMax)
+	if o.NoRefresh {
+		q.Set("refresh", "false")
+	}
+	if o.Metadata != "" {
+		q.Set("metadata", o.Metadata)
+	}
+	return q
+}
+
+func (o Options) String() string {
+	return fmt.Sprintf("ttl=%v refresh=%v/%v retry=%v..%v", o.TTL, !o.NoRefresh, o.RefreshInterval, o.RetryMin, o.RetryMax)
+}
