@@ -252,44 +252,64 @@ func (ls *Lease) end(err error) {
 
 // monitor is the lease's one goroutine: it refreshes (unless NoRefresh),
 // watches the driver's loss signal and ends the lease at ValidUntil if no
-// refresh moved it. It returns when the lease ends.
+// refresh moved it. A refresh runs in its own goroutine so that a request
+// stuck in the network cannot delay the loss signal. It returns when the
+// lease ends and that refresh has returned.
 func (ls *Lease) monitor() {
 	defer close(ls.monitorDone)
 	refreshing := !ls.opts.NoRefresh
 	quiesce := ls.quiesce
+	quiescePending := false
+	var inflight chan error // non-nil while a refresh runs
 	backoff := ls.opts.RetryMin
-	deadline := time.NewTimer(0)
-	<-deadline.C
-	tick := time.NewTimer(0)
-	<-tick.C
+	deadline := time.NewTimer(time.Hour)
+	tick := time.NewTimer(time.Hour)
 	defer deadline.Stop()
 	defer tick.Stop()
+	finish := func(reason error) {
+		if reason != nil {
+			ls.end(reason)
+		}
+		if inflight != nil {
+			<-inflight
+		}
+	}
 	for {
 		ls.mu.Lock()
 		until, next := ls.validUntil, ls.nextRefresh
 		ls.mu.Unlock()
 		deadline.Reset(time.Until(until))
 		var tickC <-chan time.Time
-		if refreshing {
+		if refreshing && inflight == nil {
 			tick.Reset(time.Until(next))
 			tickC = tick.C
 		}
 		select {
 		case <-ls.done:
+			finish(nil)
 			return
 		case <-quiesce:
 			refreshing, quiesce = false, nil
-			close(ls.quiesced)
+			if inflight == nil {
+				close(ls.quiesced)
+			} else {
+				quiescePending = true
+			}
 		case <-ls.kick:
 		case <-ls.lost:
-			ls.end(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
+			finish(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
 			return
 		case <-deadline.C:
-			ls.end(fmt.Errorf("%w: %q was not refreshed before its ValidUntil", ErrLost, ls.name))
+			finish(fmt.Errorf("%w: %q was not refreshed before its ValidUntil", ErrLost, ls.name))
 			return
-		case <-tickC:
-			if err := ls.watchdogRefresh(until); err != nil {
-				// Not lost (yet): try again soon, but never past the deadline.
+		case err := <-inflight:
+			inflight = nil
+			if quiescePending {
+				close(ls.quiesced)
+				quiescePending = false
+			}
+			if err != nil && !errors.Is(err, ErrNotHeld) {
+				// Not lost (yet): try again soon; the deadline still stands.
 				ls.mu.Lock()
 				ls.nextRefresh = time.Now().Add(jitter(backoff))
 				ls.mu.Unlock()
@@ -297,9 +317,12 @@ func (ls *Lease) monitor() {
 			} else {
 				backoff = ls.opts.RetryMin
 			}
+		case <-tickC:
+			inflight = make(chan error, 1)
+			go func(c chan<- error) { c <- ls.watchdogRefresh(until) }(inflight)
 		}
-		stopTimer(deadline)
-		stopTimer(tick)
+		deadline.Stop()
+		tick.Stop()
 	}
 }
 
@@ -313,13 +336,4 @@ func (ls *Lease) watchdogRefresh(until time.Time) error {
 		return nil
 	}
 	return ls.refresh(ctx, ls.TTL())
-}
-
-func stopTimer(t *time.Timer) {
-	if !t.Stop() {
-		select {
-		case <-t.C:
-		default:
-		}
-	}
 }
