@@ -59,19 +59,16 @@ func (l *Link) SetLatency(d time.Duration) {
 	l.latency = d
 }
 
-// cross is one request crossing the link.
-func (l *Link) cross(ctx context.Context) error {
+// do sends the request op across the link and waits for its reply. A
+// delayed request is in flight: it reaches the store (op runs) even if the
+// caller gives up meanwhile, as a request in a real network would; the
+// reply is delayed as much again. A partitioned request never arrives.
+func (l *Link) do(ctx context.Context, op func() error) error {
 	l.mu.Lock()
 	latency, hole, resets := l.latency, l.hole, l.resets
 	l.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return err
-	}
-	var delay <-chan time.Time
-	if latency > 0 {
-		t := time.NewTimer(latency)
-		defer t.Stop()
-		delay = t.C
 	}
 	if hole != nil {
 		select {
@@ -83,14 +80,20 @@ func (l *Link) cross(ctx context.Context) error {
 			return ErrLinkReset
 		}
 	}
-	if delay != nil {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-resets:
-			return ErrLinkReset
-		case <-delay:
-		}
+	if latency <= 0 {
+		return op()
 	}
-	return nil
+	reply := make(chan error, 1)
+	time.AfterFunc(latency, func() {
+		err := op()
+		time.AfterFunc(latency, func() { reply <- err })
+	})
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-resets:
+		return ErrLinkReset
+	case err := <-reply:
+		return err
+	}
 }

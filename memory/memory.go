@@ -153,25 +153,27 @@ func (d *driver) Capabilities() dlock.Capabilities {
 func (d *driver) Close() error { return nil }
 
 func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
-	if err := d.link.cross(ctx); err != nil {
+	var fence uint64
+	err := d.link.do(ctx, func() error {
+		s := d.s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		now := time.Now()
+		if e := s.live(req.Name, now); e != nil {
+			return dlock.Busy(e.expires.Sub(now))
+		}
+		s.fence++
+		fence = s.fence
+		s.locks[req.Name] = &entry{token: req.Token, expires: now.Add(req.TTL), fence: fence, metadata: req.Metadata}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	s := d.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	if e := s.live(req.Name, now); e != nil {
-		return nil, dlock.Busy(e.expires.Sub(now))
-	}
-	s.fence++
-	s.locks[req.Name] = &entry{token: req.Token, expires: now.Add(req.TTL), fence: s.fence, metadata: req.Metadata}
-	return &dlock.Grant{Handle: &handle{d: d, name: req.Name, token: req.Token}, Fence: s.fence}, nil
+	return &dlock.Grant{Handle: &handle{d: d, name: req.Name, token: req.Token}, Fence: fence}, nil
 }
 
 func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	if err := d.link.cross(ctx); err != nil {
-		return nil, nil, err
-	}
 	c := make(chan struct{}, 1)
 	s := d.s
 	s.mu.Lock()
@@ -208,46 +210,53 @@ func (h *handle) mine(now time.Time) *entry {
 }
 
 func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
-	if err := h.d.link.cross(ctx); err != nil {
-		return 0, err
-	}
-	s := h.d.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	e := h.mine(now)
-	if e == nil {
-		return 0, dlock.ErrNotHeld
-	}
-	e.expires = now.Add(ttl)
-	return ttl, nil
+	return ttl, h.d.link.do(ctx, func() error {
+		s := h.d.s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		now := time.Now()
+		e := h.mine(now)
+		if e == nil {
+			return dlock.ErrNotHeld
+		}
+		e.expires = now.Add(ttl)
+		return nil
+	})
 }
 
 func (h *handle) Release(ctx context.Context) error {
-	if err := h.d.link.cross(ctx); err != nil {
-		return err
-	}
-	s := h.d.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if h.mine(time.Now()) == nil {
-		return dlock.ErrNotHeld
-	}
-	delete(s.locks, h.name)
-	for c := range s.watchers[h.name] {
-		select {
-		case c <- struct{}{}:
-		default:
+	return h.d.link.do(ctx, func() error {
+		s := h.d.s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if h.mine(time.Now()) == nil {
+			return dlock.ErrNotHeld
 		}
-	}
-	return nil
+		delete(s.locks, h.name)
+		for c := range s.watchers[h.name] {
+			select {
+			case c <- struct{}{}:
+			default:
+			}
+		}
+		return nil
+	})
 }
 
 func (h *handle) Held(ctx context.Context) (bool, error) {
-	if err := h.d.link.cross(ctx); err != nil {
-		return false, err
-	}
-	h.d.s.mu.Lock()
-	defer h.d.s.mu.Unlock()
-	return h.mine(time.Now()) != nil, nil
+	var held bool
+	err := h.d.link.do(ctx, func() error {
+		h.d.s.mu.Lock()
+		defer h.d.s.mu.Unlock()
+		held = h.mine(time.Now()) != nil
+		return nil
+	})
+	return held, err
+}
+
+// Watchers reports how many waiters of any Locker watch name.
+func (s *Store) Watchers(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.watchers[name])
 }

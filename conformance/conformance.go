@@ -1,0 +1,244 @@
+// Package conformance is the public test suite every dlock driver must pass,
+// ours and third parties' alike, against a real backend.
+//
+// A driver hooks in with a small Harness in its _test.go:
+//
+//	func TestConformance(t *testing.T) { conformance.Run(t, harness{...}) }
+//
+// The harness makes independent Lockers on one backend, as separate
+// processes would have, each with its own fault-injectable network path (see
+// package faultnet), so that the suite can partition, reset or slow one
+// locker's traffic while the others carry on.
+//
+// Each property is a named subtest with a deadline and lock names of its
+// own; a subtest whose capability the driver does not declare is skipped,
+// naming it. Timing assertions state their tolerance.
+package conformance
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+)
+
+// Harness connects the suite to one backend.
+type Harness interface {
+	// NewLocker returns a new Locker on the backend under test, independent
+	// of every other one (its own client and connections), whose traffic
+	// crosses its own Faults. defaults are the Locker's default Options. The
+	// suite closes the Locker; the harness cleans up the rest with
+	// t.Cleanup. It calls t.Fatal when it cannot.
+	NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, Faults)
+
+	// Residue lists what the backend still stores for the lock name (keys,
+	// nodes, rows, server-side lock entries), leaving out what the driver
+	// documents as permanent by design (such as a fencing counter). The suite
+	// calls it after every lease on name has ended and expects nothing.
+	Residue(ctx context.Context, name string) ([]string, error)
+}
+
+// Faults injects real network faults into one Locker's path to the backend.
+// *faultnet.Proxy implements it.
+type Faults interface {
+	// Blackhole drops all traffic both ways, keeping connections open: a
+	// silent partition.
+	Blackhole()
+	// Heal ends a Blackhole.
+	Heal()
+	// Reset abruptly closes every open connection.
+	Reset()
+	// SetLatency delays traffic in each direction by d (0: none).
+	SetLatency(d time.Duration)
+}
+
+// Config tunes the suite for slow backends. The zero value is fine for most.
+type Config struct {
+	// TTL is the base lock TTL of the timing tests. Default: the larger of
+	// 500ms and the driver's MinTTL.
+	TTL time.Duration
+	// Tolerance is the scheduling slack allowed on timing assertions (a
+	// signal expected at time T may come up to Tolerance after it).
+	// Default 50ms.
+	Tolerance time.Duration
+}
+
+// Run runs the whole suite against the backend behind h.
+func Run(t *testing.T, h Harness) { RunConfig(t, h, Config{}) }
+
+// RunConfig is Run with tuning.
+func RunConfig(t *testing.T, h Harness, cfg Config) {
+	probe, _ := h.NewLocker(t, nil)
+	caps := probe.Capabilities()
+	if err := probe.Close(context.Background()); err != nil {
+		t.Fatalf("closing the probe locker: %v", err)
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = max(500*time.Millisecond, caps.MinTTL)
+	}
+	if cfg.Tolerance == 0 {
+		cfg.Tolerance = 50 * time.Millisecond
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.need != nil {
+				if missing := tc.need(caps); missing != "" {
+					t.Skipf("driver does not declare capability %s", missing)
+				}
+			}
+			s := newSuite(t, h, caps, cfg)
+			tc.fn(s)
+			s.checkResidue()
+		})
+	}
+}
+
+type testCase struct {
+	name string
+	need func(dlock.Capabilities) string // names a missing capability, or ""
+	fn   func(s *suite)
+}
+
+// suite is the state of one subtest.
+type suite struct {
+	t     *testing.T
+	h     Harness
+	caps  dlock.Capabilities
+	cfg   Config
+	ctx   context.Context // ends at the subtest's deadline
+	names []string
+}
+
+func newSuite(t *testing.T, h Harness, caps dlock.Capabilities, cfg Config) *suite {
+	// A driver that ignores contexts must fail the suite, not hang it: past
+	// the deadline (and a grace period for cleanup) the binary panics with
+	// the subtest's name.
+	limit := 30*time.Second + 20*(cfg.TTL+caps.ExpirySlack)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	watchdog := time.AfterFunc(limit+30*time.Second, func() {
+		panic(fmt.Sprintf("conformance: %s did not finish within %v: a driver call ignores its context", t.Name(), limit))
+	})
+	t.Cleanup(func() { watchdog.Stop(); cancel() })
+	return &suite{t: t, h: h, caps: caps, cfg: cfg, ctx: ctx}
+}
+
+// name returns a lock name unique to this subtest.
+func (s *suite) name() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	n := fmt.Sprintf("dlock-conf/%s/%d-%s", s.t.Name(), len(s.names), hex.EncodeToString(b[:]))
+	n = strings.ReplaceAll(n, " ", "_")
+	s.names = append(s.names, n)
+	return n
+}
+
+// locker returns a new independent locker, closed at the end of the subtest.
+func (s *suite) locker(defaults *dlock.Options) (dlock.Locker, Faults) {
+	s.t.Helper()
+	l, f := s.h.NewLocker(s.t, defaults)
+	s.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second+s.cfg.TTL)
+		defer cancel()
+		if err := l.Close(ctx); err != nil {
+			s.t.Errorf("Close: %v", err)
+		}
+	})
+	return l, f
+}
+
+// opts returns Options with the suite's TTL, changed by the given edits.
+func (s *suite) opts(edit ...func(*dlock.Options)) *dlock.Options {
+	o := &dlock.Options{TTL: s.cfg.TTL}
+	for _, e := range edit {
+		e(o)
+	}
+	return o
+}
+
+func noRefresh(o *dlock.Options) { o.NoRefresh = true }
+
+func ttl(d time.Duration) func(*dlock.Options) { return func(o *dlock.Options) { o.TTL = d } }
+
+// checkResidue runs after the subtest's lockers are closed (it is registered
+// first, so it runs last) and asserts that the backend keeps nothing for
+// any name the subtest used.
+func (s *suite) checkResidue() {
+	s.t.Cleanup(func() {
+		if s.t.Failed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, n := range s.names {
+			// A lock that was lost on purpose may still sit on the server
+			// until its TTL: give it that long.
+			deadline := time.Now().Add(s.cfg.TTL + s.caps.ExpirySlack + s.cfg.Tolerance)
+			for {
+				left, err := s.h.Residue(ctx, n)
+				if err != nil {
+					s.t.Errorf("Residue(%q): %v", n, err)
+					break
+				}
+				if len(left) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					s.t.Errorf("backend still stores %v for %q after the subtest", left, n)
+					break
+				}
+				time.Sleep(s.cfg.TTL / 10)
+			}
+		}
+	})
+}
+
+// acquire takes name through l or fails the test.
+func (s *suite) acquire(l dlock.Locker, name string, o *dlock.Options) *dlock.Lease {
+	s.t.Helper()
+	ls, err := l.Acquire(s.ctx, name, o)
+	if err != nil {
+		s.t.Fatalf("Acquire(%q): %v", name, err)
+	}
+	return ls
+}
+
+func (s *suite) release(ls *dlock.Lease) {
+	s.t.Helper()
+	if err := ls.Release(s.ctx); err != nil {
+		s.t.Fatalf("Release(%q): %v", ls.Name(), err)
+	}
+}
+
+// waitDone waits for the lease to end, up to limit.
+func (s *suite) waitDone(ls *dlock.Lease, limit time.Duration) time.Time {
+	s.t.Helper()
+	select {
+	case <-ls.Done():
+		return time.Now()
+	case <-time.After(limit):
+		s.t.Fatalf("lease %q did not end within %v", ls.Name(), limit)
+	case <-s.ctx.Done():
+		s.t.Fatalf("subtest deadline passed waiting for %q to end", ls.Name())
+	}
+	return time.Time{}
+}
+
+// stillHeld fails the test unless ls is held according to the server and
+// has not signalled loss.
+func (s *suite) stillHeld(ls *dlock.Lease) {
+	s.t.Helper()
+	select {
+	case <-ls.Done():
+		s.t.Fatalf("lease %q ended: %v", ls.Name(), ls.Err())
+	default:
+	}
+	ok, err := ls.Held(s.ctx)
+	if err != nil || !ok {
+		s.t.Fatalf("Held(%q) = %v, %v; want true, nil", ls.Name(), ok, err)
+	}
+}

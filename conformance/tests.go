@@ -1,0 +1,669 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dlock/dlock"
+)
+
+func needFencing(c dlock.Capabilities) string {
+	if !c.Fencing {
+		return "Fencing"
+	}
+	return ""
+}
+
+var tests = []testCase{
+	// Several lockers × many rounds on one name: no two leases are ever
+	// inside their validity at once, and fencing tokens follow grant order.
+	{name: "MutualExclusion", fn: testMutualExclusion},
+	// TryAcquire makes one attempt: ErrNotAcquired (and no context error)
+	// while another holds the lock, success once it is released.
+	{name: "TryAcquire", fn: testTryAcquire},
+	// A blocked waiter is granted promptly after the holder releases, long
+	// before the holder's TTL would have run out.
+	{name: "WaiterGrantedOnRelease", fn: testWaiterGrantedOnRelease},
+	// A context cancelled before the call: ErrNotAcquired and
+	// context.Canceled, nothing held.
+	{name: "CancelBeforeWait", fn: testCancelBeforeWait},
+	// Cancelled and timed-out waits return promptly with both errors and
+	// leave no waiter state behind: the next TryAcquire after the release
+	// succeeds.
+	{name: "CancelDuringWait", fn: testCancelDuringWait},
+	// The acquire context bounds only the wait: cancelling it after the
+	// grant does not end the lease.
+	{name: "CancelAfterGrant", fn: testCancelAfterGrant},
+	// A holder that stops refreshing loses the lock after its TTL: no one
+	// else gets it before the holder's ValidUntil, the holder's loss signal
+	// fires no later than ValidUntil, and its late Refresh and Release report
+	// not-held without disturbing the new holder.
+	{name: "ExpiryWithoutRefresh", fn: testExpiryWithoutRefresh},
+	// A black-holed holder (silent partition) loses the lock the same way,
+	// with its watchdog still trying.
+	{name: "ExpiryBlackholed", fn: testExpiryBlackholed},
+	// A manual Refresh extends the lease past its first TTL and moves
+	// ValidUntil.
+	{name: "RefreshExtends", fn: testRefreshExtends},
+	// The watchdog keeps a lease for 3×TTL while a contender cannot
+	// acquire.
+	{name: "WatchdogKeepsLease", fn: testWatchdogKeepsLease},
+	// After Release the watchdog is gone: the name stays free for 2×TTL.
+	{name: "WatchdogStopsOnRelease", fn: testWatchdogStopsOnRelease},
+	// Release twice: the second is a no-op returning nil; the lease's
+	// signals say released.
+	{name: "ReleaseTwice", fn: testReleaseTwice},
+	// A release whose reply is lost and which is retried after another
+	// holder took the lock does not delete the new holder's lock.
+	{name: "RetriedReleaseKeepsNewHolder", fn: testRetriedRelease},
+	// A refresh that the network delays until after the lock expired and
+	// was taken over does not revive or extend the old holder's lock.
+	{name: "DelayedRefreshDoesNotRevive", fn: testDelayedRefresh},
+	// Fencing tokens strictly increase across holders, releases and expiry
+	// takeovers.
+	{name: "FencingIncreases", need: needFencing, fn: testFencing},
+	// Different names are independent; one locker holds many; Close
+	// releases them all and ends pending waits with ErrClosed.
+	{name: "IsolationAndClose", fn: testIsolationAndClose},
+	// Bad input is rejected with ErrInvalid before any I/O, the same on
+	// every driver.
+	{name: "BadInput", fn: testBadInput},
+	// Connection resets while the watchdog refreshes do not lose a lease
+	// that is still valid.
+	{name: "ResetDuringRefresh", fn: testResetDuringRefresh},
+	// Under added latency acquire still works and ValidUntil accounts for
+	// the time the request took.
+	{name: "Latency", fn: testLatency},
+}
+
+func testMutualExclusion(s *suite) {
+	const lockers, rounds = 4, 20
+	name := s.name()
+	type grant struct {
+		from, to time.Time
+		fence    uint64
+	}
+	var (
+		mu     sync.Mutex
+		grants []grant
+		inside atomic.Int32
+		wg     sync.WaitGroup
+		errs   = make(chan error, lockers)
+	)
+	for range lockers {
+		l, _ := s.locker(s.opts())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				ls, err := l.Acquire(s.ctx, name, nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				from := time.Now()
+				if n := inside.Add(1); n != 1 {
+					errs <- errors.New("two holders inside the critical section at once")
+				}
+				f, _ := ls.Fence()
+				inside.Add(-1)
+				to := time.Now()
+				if vu := ls.ValidUntil(); vu.Before(to) {
+					to = vu
+				}
+				mu.Lock()
+				grants = append(grants, grant{from, to, f})
+				mu.Unlock()
+				if err := ls.Release(s.ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		s.t.Fatal(err)
+	}
+	if len(grants) != lockers*rounds {
+		s.t.Fatalf("got %d grants, want %d", len(grants), lockers*rounds)
+	}
+	for i := range grants {
+		for j := i + 1; j < len(grants); j++ {
+			a, b := grants[i], grants[j]
+			if a.from.Before(b.to) && b.from.Before(a.to) {
+				s.t.Fatalf("leases overlap: [%v, %v] and [%v, %v]", a.from, a.to, b.from, b.to)
+			}
+			if s.caps.Fencing && (a.from.Before(b.from) != (a.fence < b.fence)) {
+				s.t.Fatalf("fencing tokens out of grant order: %d at %v, %d at %v", a.fence, a.from, b.fence, b.from)
+			}
+		}
+	}
+}
+
+func testTryAcquire(s *suite) {
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls, err := a.TryAcquire(s.ctx, name, nil)
+	if err != nil {
+		s.t.Fatalf("TryAcquire on a free name: %v", err)
+	}
+	_, err = b.TryAcquire(s.ctx, name, nil)
+	if !errors.Is(err, dlock.ErrNotAcquired) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		s.t.Fatalf("TryAcquire on a held name: got %v, want ErrNotAcquired alone", err)
+	}
+	s.release(ls)
+	lb, err := b.TryAcquire(s.ctx, name, nil)
+	if err != nil {
+		s.t.Fatalf("TryAcquire after release: %v", err)
+	}
+	s.release(lb)
+}
+
+func testWaiterGrantedOnRelease(s *suite) {
+	long := 20 * s.cfg.TTL
+	a, _ := s.locker(s.opts(ttl(long)))
+	b, _ := s.locker(s.opts(ttl(long)))
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	got := make(chan *dlock.Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		lb, err := b.Acquire(s.ctx, name, nil)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- lb
+	}()
+	// There is no event for "the waiter is waiting": give it a moment to get
+	// there; a waiter that is not yet waiting only makes the test easier.
+	time.Sleep(s.cfg.TTL / 5)
+	released := time.Now()
+	s.release(ls)
+	// Promptly: well under the holder's remaining TTL (20×TTL), so a driver
+	// that only polls at expiry fails.
+	bound := 2*s.cfg.TTL + s.caps.ExpirySlack
+	select {
+	case lb := <-got:
+		if d := time.Since(released); d > bound {
+			s.t.Fatalf("waiter granted %v after release, want within %v", d, bound)
+		}
+		s.release(lb)
+	case err := <-errc:
+		s.t.Fatalf("waiter: %v", err)
+	case <-time.After(bound):
+		s.t.Fatalf("waiter not granted within %v of the release", bound)
+	}
+}
+
+func testCancelBeforeWait(s *suite) {
+	a, _ := s.locker(s.opts())
+	name := s.name()
+	ctx, cancel := context.WithCancel(s.ctx)
+	cancel()
+	for _, try := range []bool{false, true} {
+		var err error
+		if try {
+			_, err = a.TryAcquire(ctx, name, nil)
+		} else {
+			_, err = a.Acquire(ctx, name, nil)
+		}
+		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+			s.t.Fatalf("try=%v with a cancelled context: got %v, want ErrNotAcquired and context.Canceled", try, err)
+		}
+	}
+	ls, err := a.TryAcquire(s.ctx, name, nil)
+	if err != nil {
+		s.t.Fatalf("the name should be free: %v", err)
+	}
+	s.release(ls)
+}
+
+func testCancelDuringWait(s *suite) {
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	c, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+
+	// Cancelled while waiting.
+	ctx, cancel := context.WithCancel(s.ctx)
+	errc := make(chan error, 1)
+	go func() {
+		lb, err := b.Acquire(ctx, name, nil)
+		if err == nil {
+			lb.Release(s.ctx)
+		}
+		errc <- err
+	}()
+	time.Sleep(s.cfg.TTL / 5) // let it wait (no event for that)
+	cancelled := time.Now()
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+			s.t.Fatalf("cancelled wait: got %v, want ErrNotAcquired and context.Canceled", err)
+		}
+		if d := time.Since(cancelled); d > s.cfg.TTL {
+			s.t.Fatalf("cancelled wait returned %v after the cancel, want promptly (< TTL)", d)
+		}
+	case <-time.After(5 * s.cfg.TTL):
+		s.t.Fatal("cancelled wait did not return")
+	}
+
+	// Timed out while waiting.
+	tctx, tcancel := context.WithTimeout(s.ctx, s.cfg.TTL/4)
+	defer tcancel()
+	_, err := b.Acquire(tctx, name, nil)
+	if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		s.t.Fatalf("timed-out wait: got %v, want ErrNotAcquired and context.DeadlineExceeded", err)
+	}
+
+	// No waiter state left behind: after the release, a third locker's
+	// single attempt succeeds (a queue-based driver with a stale waiter
+	// entry would make it fail).
+	s.release(ls)
+	lc, err := c.TryAcquire(s.ctx, name, nil)
+	if err != nil {
+		s.t.Fatalf("TryAcquire after cancelled waits and release: %v", err)
+	}
+	s.release(lc)
+}
+
+func testCancelAfterGrant(s *suite) {
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ctx, cancel := context.WithCancel(s.ctx)
+	ls, err := a.Acquire(ctx, name, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cancel()
+	// Through a refresh or two.
+	time.Sleep(s.cfg.TTL)
+	s.stillHeld(ls)
+	if _, err := b.TryAcquire(s.ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		s.t.Fatalf("contender: got %v, want ErrNotAcquired", err)
+	}
+	s.release(ls)
+}
+
+// expiry runs the shared part of the expiry tests: the holder's lease is
+// about to be lost (cut decides how); a contender waits for the name.
+func (s *suite) expiry(holderOpts *dlock.Options, cut func(dlock.Locker, Faults), uncut func(Faults)) {
+	a, fa := s.locker(holderOpts)
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	cut(a, fa)
+
+	type result struct {
+		ls  *dlock.Lease
+		at  time.Time
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lb, err := b.Acquire(s.ctx, name, nil)
+		got <- result{lb, time.Now(), err}
+	}()
+
+	limit := 3*s.cfg.TTL + s.caps.ExpirySlack
+	lostAt := s.waitDone(ls, limit)
+	until := ls.ValidUntil()
+	if late := lostAt.Sub(until); late > s.cfg.Tolerance {
+		s.t.Errorf("loss signalled %v after ValidUntil, want no later than ValidUntil (tolerance %v)", late, s.cfg.Tolerance)
+	}
+	if !errors.Is(ls.Err(), dlock.ErrLost) || !errors.Is(ls.Err(), dlock.ErrNotHeld) {
+		s.t.Errorf("Err() after loss = %v, want ErrLost", ls.Err())
+	}
+	if ls.Context().Err() == nil {
+		s.t.Error("lease context not cancelled after loss")
+	}
+
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(limit + s.cfg.TTL):
+		s.t.Fatalf("contender not granted within %v of the holder's loss", limit+s.cfg.TTL)
+	}
+	if r.err != nil {
+		s.t.Fatalf("contender: %v", r.err)
+	}
+	if r.at.Before(until) {
+		s.t.Fatalf("contender granted %v before the holder's ValidUntil", until.Sub(r.at))
+	}
+	uncut(fa)
+
+	// The old holder's late calls report not-held and leave the new holder
+	// alone (no foreign unlock).
+	if err := ls.Refresh(s.ctx, 0); !errors.Is(err, dlock.ErrNotHeld) {
+		s.t.Errorf("Refresh after loss: got %v, want ErrNotHeld", err)
+	}
+	if err := ls.Release(s.ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		s.t.Errorf("Release after loss: got %v, want ErrNotHeld", err)
+	}
+	if ok, err := ls.Held(s.ctx); ok || err != nil {
+		s.t.Errorf("Held after loss = %v, %v; want false, nil", ok, err)
+	}
+	s.stillHeld(r.ls)
+	s.release(r.ls)
+}
+
+func testExpiryWithoutRefresh(s *suite) {
+	s.expiry(s.opts(noRefresh), func(dlock.Locker, Faults) {}, func(Faults) {})
+}
+
+func testExpiryBlackholed(s *suite) {
+	s.expiry(s.opts(), func(_ dlock.Locker, f Faults) { f.Blackhole() }, func(f Faults) { f.Heal() })
+}
+
+func testRefreshExtends(s *suite) {
+	a, _ := s.locker(s.opts(noRefresh))
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	first := ls.ValidUntil()
+	time.Sleep(s.cfg.TTL / 2)
+	if err := ls.Refresh(s.ctx, 0); err != nil {
+		s.t.Fatalf("Refresh: %v", err)
+	}
+	if !ls.ValidUntil().After(first) {
+		s.t.Fatalf("ValidUntil did not move: %v then %v", first, ls.ValidUntil())
+	}
+	// Past the first TTL, the lock is still there.
+	time.Sleep(time.Until(first.Add(s.cfg.TTL / 10)))
+	if _, err := b.TryAcquire(s.ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		s.t.Fatalf("contender after the first TTL: got %v, want ErrNotAcquired", err)
+	}
+	s.stillHeld(ls)
+	// A longer TTL is honoured too.
+	if err := ls.Refresh(s.ctx, 3*s.cfg.TTL); err != nil {
+		s.t.Fatalf("Refresh(3×TTL): %v", err)
+	}
+	if got := ls.TTL(); got < 3*s.cfg.TTL {
+		s.t.Fatalf("TTL() after Refresh(3×TTL) = %v", got)
+	}
+	s.release(ls)
+}
+
+func testWatchdogKeepsLease(s *suite) {
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	end := time.Now().Add(3 * s.cfg.TTL)
+	for time.Now().Before(end) {
+		if _, err := b.TryAcquire(s.ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+			s.t.Fatalf("contender while the watchdog runs: got %v, want ErrNotAcquired", err)
+		}
+		time.Sleep(s.cfg.TTL / 4)
+	}
+	s.stillHeld(ls)
+	s.release(ls)
+}
+
+func testWatchdogStopsOnRelease(s *suite) {
+	a, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	time.Sleep(s.cfg.TTL / 2) // let the watchdog get going
+	s.release(ls)
+	end := time.Now().Add(2 * s.cfg.TTL)
+	for time.Now().Before(end) {
+		left, err := s.h.Residue(s.ctx, name)
+		if err != nil {
+			s.t.Fatalf("Residue: %v", err)
+		}
+		if len(left) != 0 {
+			s.t.Fatalf("after Release the backend stores %v for the name", left)
+		}
+		time.Sleep(s.cfg.TTL / 8)
+	}
+}
+
+func testReleaseTwice(s *suite) {
+	a, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	s.release(ls)
+	if err := ls.Release(s.ctx); err != nil {
+		s.t.Fatalf("second Release: got %v, want nil", err)
+	}
+	select {
+	case <-ls.Done():
+	default:
+		s.t.Fatal("Done not closed after Release")
+	}
+	if !errors.Is(ls.Err(), dlock.ErrReleased) || !errors.Is(context.Cause(ls.Context()), dlock.ErrReleased) {
+		s.t.Fatalf("after Release Err() = %v, context cause = %v; want ErrReleased", ls.Err(), context.Cause(ls.Context()))
+	}
+	if err := ls.Refresh(s.ctx, 0); !errors.Is(err, dlock.ErrNotHeld) {
+		s.t.Fatalf("Refresh after Release: got %v, want ErrNotHeld", err)
+	}
+}
+
+func testRetriedRelease(s *suite) {
+	a, fa := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	// Slow a's path so its release request arrives but the reply comes too
+	// late for the caller, who gives up.
+	lag := s.cfg.TTL / 5
+	fa.SetLatency(lag)
+	ctx, cancel := context.WithTimeout(s.ctx, lag*3/2)
+	err := ls.Release(ctx)
+	cancel()
+	if err == nil {
+		s.t.Fatalf("Release returned nil within %v though its reply needs %v: latency not in effect", lag*3/2, 2*lag)
+	}
+	// Someone else takes the lock meanwhile.
+	lb := s.acquire(b, name, nil)
+	fa.SetLatency(0)
+	// The retried release must not remove b's lock.
+	if err := ls.Release(s.ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
+		s.t.Fatalf("retried Release: got %v, want nil or ErrNotHeld", err)
+	}
+	s.stillHeld(lb)
+	s.release(lb)
+}
+
+func testFencing(s *suite) {
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts(noRefresh))
+	c, _ := s.locker(s.opts())
+	name := s.name()
+	var last uint64
+	next := func(ls *dlock.Lease, how string) {
+		s.t.Helper()
+		f, ok := ls.Fence()
+		if !ok {
+			s.t.Fatalf("%s: no fencing token though the driver declares Fencing", how)
+		}
+		if f <= last {
+			s.t.Fatalf("%s: fencing token %d does not exceed the previous %d", how, f, last)
+		}
+		last = f
+	}
+	for i := range 3 {
+		ls := s.acquire(a, name, nil)
+		next(ls, "re-acquire by the same locker")
+		s.release(ls)
+		ls = s.acquire(b, name, nil)
+		next(ls, "another holder")
+		if i < 2 {
+			s.release(ls)
+			continue
+		}
+		// Expiry takeover: b stops refreshing and c takes over.
+		lc := s.acquire(c, name, nil)
+		next(lc, "takeover after expiry")
+		s.release(lc)
+	}
+}
+
+func testIsolationAndClose(s *suite) {
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	w, _ := s.locker(s.opts())
+	var leases []*dlock.Lease
+	var names []string
+	for range 10 {
+		n := s.name()
+		names = append(names, n)
+		leases = append(leases, s.acquire(a, n, nil))
+	}
+	// Another name is unaffected.
+	other := s.name()
+	lo, err := b.TryAcquire(s.ctx, other, nil)
+	if err != nil {
+		s.t.Fatalf("TryAcquire of an unrelated name: %v", err)
+	}
+	s.release(lo)
+	// A waiter on another locker, ended by that locker's Close.
+	waitErr := make(chan error, 1)
+	go func() {
+		_, err := w.Acquire(s.ctx, names[0], nil)
+		waitErr <- err
+	}()
+	time.Sleep(s.cfg.TTL / 5)
+	if err := w.Close(s.ctx); err != nil {
+		s.t.Fatalf("Close of the waiting locker: %v", err)
+	}
+	select {
+	case err := <-waitErr:
+		if !errors.Is(err, dlock.ErrClosed) {
+			s.t.Fatalf("wait ended by Close: got %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * s.cfg.TTL):
+		s.t.Fatal("Close did not end the wait")
+	}
+	if _, err := w.TryAcquire(s.ctx, other, nil); !errors.Is(err, dlock.ErrClosed) {
+		s.t.Fatalf("TryAcquire on a closed locker: got %v, want ErrClosed", err)
+	}
+	// Close releases everything a holds.
+	if err := a.Close(s.ctx); err != nil {
+		s.t.Fatalf("Close: %v", err)
+	}
+	for _, ls := range leases {
+		select {
+		case <-ls.Done():
+		default:
+			s.t.Fatalf("lease %q not ended by Close", ls.Name())
+		}
+	}
+	for _, n := range names {
+		lb, err := b.TryAcquire(s.ctx, n, nil)
+		if err != nil {
+			s.t.Fatalf("TryAcquire(%q) after the holder's Close: %v", n, err)
+		}
+		s.release(lb)
+	}
+}
+
+func testBadInput(s *suite) {
+	a, _ := s.locker(s.opts())
+	minTTL := max(s.caps.MinTTL, time.Millisecond)
+	cases := []struct {
+		what string
+		name string
+		o    *dlock.Options
+	}{
+		{"empty name", "", nil},
+		{"invalid UTF-8", "bad\xff", nil},
+		{"NUL byte", "a\x00b", nil},
+		{"over-long name", strings.Repeat("n", dlock.MaxNameLen+1), nil},
+		{"negative TTL", "ok", &dlock.Options{TTL: -time.Second}},
+		{"TTL below the minimum", "ok", &dlock.Options{TTL: minTTL - time.Nanosecond}},
+		{"refresh interval not below TTL", "ok", &dlock.Options{TTL: s.cfg.TTL, RefreshInterval: s.cfg.TTL}},
+		{"metadata too long", "ok", &dlock.Options{Metadata: strings.Repeat("m", dlock.MaxMetadataLen+1)}},
+		{"inverted retry range", "ok", &dlock.Options{RetryMin: time.Second, RetryMax: time.Millisecond}},
+	}
+	for _, tc := range cases {
+		if _, err := a.TryAcquire(s.ctx, tc.name, tc.o); !errors.Is(err, dlock.ErrInvalid) {
+			s.t.Errorf("TryAcquire with %s: got %v, want ErrInvalid", tc.what, err)
+		}
+		if _, err := a.Acquire(s.ctx, tc.name, tc.o); !errors.Is(err, dlock.ErrInvalid) {
+			s.t.Errorf("Acquire with %s: got %v, want ErrInvalid", tc.what, err)
+		}
+	}
+	// The longest valid name works, and multi-byte and slash-laden names
+	// are accepted alike.
+	for _, n := range []string{strings.Repeat("n", dlock.MaxNameLen-len(s.t.Name())-40), "über/../sla/sh\\ é 鍵 \x01"} {
+		full := s.name() + n
+		s.names[len(s.names)-1] = full
+		ls, err := a.TryAcquire(s.ctx, full, nil)
+		if err != nil {
+			s.t.Fatalf("TryAcquire of a valid name %q: %v", full, err)
+		}
+		if err := ls.Refresh(s.ctx, -time.Second); !errors.Is(err, dlock.ErrInvalid) {
+			s.t.Errorf("Refresh with a negative TTL: got %v, want ErrInvalid", err)
+		}
+		s.release(ls)
+	}
+}
+
+func testResetDuringRefresh(s *suite) {
+	a, fa := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	end := time.Now().Add(2 * s.cfg.TTL)
+	for time.Now().Before(end) {
+		fa.Reset()
+		time.Sleep(s.cfg.TTL / 7)
+	}
+	s.stillHeld(ls)
+	if _, err := b.TryAcquire(s.ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		s.t.Fatalf("contender after resets: got %v, want ErrNotAcquired", err)
+	}
+	s.release(ls)
+}
+
+func testLatency(s *suite) {
+	a, fa := s.locker(s.opts())
+	name := s.name()
+	lag := s.cfg.TTL / 10
+	fa.SetLatency(lag)
+	start := time.Now()
+	ls := s.acquire(a, name, nil)
+	// ValidUntil is counted from when the request was sent, so it is at
+	// least the round trip short of start+TTL.
+	if limit := start.Add(s.cfg.TTL); ls.ValidUntil().After(limit) {
+		s.t.Fatalf("ValidUntil %v past start+TTL", ls.ValidUntil().Sub(limit))
+	}
+	s.stillHeld(ls)
+	fa.SetLatency(0)
+	s.release(ls)
+}
+
+func testDelayedRefresh(s *suite) {
+	a, fa := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	// From now on a's requests arrive a TTL late: its first watchdog refresh
+	// reaches the server after the lock has expired.
+	fa.SetLatency(s.cfg.TTL)
+	start := time.Now()
+	lb := s.acquire(b, name, nil)
+	lostAt := s.waitDone(ls, s.cfg.TTL+s.cfg.Tolerance)
+	if late := lostAt.Sub(ls.ValidUntil()); late > s.cfg.Tolerance {
+		s.t.Errorf("loss signalled %v after ValidUntil", late)
+	}
+	// Let every delayed request of a's arrive (sent before its loss at
+	// most TTL after start, delivered a TTL later).
+	time.Sleep(time.Until(start.Add(2*s.cfg.TTL + s.cfg.TTL/2)))
+	fa.SetLatency(0)
+	s.stillHeld(lb)
+	s.release(lb)
+}

@@ -1,0 +1,40 @@
+package memory_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/conformance"
+	"github.com/dlock/dlock/memory"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type harness struct{ store *memory.Store }
+
+func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, conformance.Faults) {
+	link := memory.NewLink()
+	l, err := memory.NewLinked(h.store, defaults, link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, link
+}
+
+func (h harness) Residue(_ context.Context, name string) ([]string, error) {
+	if tok, _, ok := h.store.Holder(name); ok {
+		return []string{"lock held by " + tok}, nil
+	}
+	if n := h.store.Watchers(name); n > 0 {
+		return []string{"watchers"}, nil
+	}
+	return nil, nil
+}
+
+func TestConformance(t *testing.T) {
+	conformance.RunConfig(t, harness{memory.NewStore()}, conformance.Config{TTL: 300 * time.Millisecond})
+}
