@@ -1,0 +1,78 @@
+package servers
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// requireTimeout bounds Require and RequireNew, a first image build included.
+const requireTimeout = 10 * time.Minute
+
+// RequireBackendsEnv names the variable that, set to 1, makes Require and
+// RequireNew fail instead of skipping when Docker is not usable.
+const RequireBackendsEnv = "DLOCK_REQUIRE_BACKENDS"
+
+// Require returns the test binary's shared server of the given kind (see
+// Shared), starting it on first use. Tests must not pause, stop or close it:
+// use RequireNew for that. Call CloseAll from TestMain to remove it.
+//
+// Without Docker, Require skips the test, or fails it when
+// DLOCK_REQUIRE_BACKENDS=1; any other error fails it.
+func Require(tb testing.TB, kind Kind) *Server {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), requireTimeout)
+	defer cancel()
+	s, err := Shared(ctx, kind)
+	if err != nil {
+		requireFailed(tb, kind, err)
+	}
+	return s
+}
+
+// RequireNew starts a server of the given kind for this test alone, closed by
+// tb.Cleanup: one the test may pause, stop and restart. It skips and fails as
+// Require does, and also skips when DLOCK_<KIND>_ADDR names an external server,
+// since no dedicated one can be had then.
+func RequireNew(tb testing.TB, kind Kind) *Server {
+	tb.Helper()
+	return RequireNewWith(tb, kind, nil)
+}
+
+// RequireNewWith is RequireNew with StartOptions, e.g. a shorter ZooKeeper
+// tickTime.
+func RequireNewWith(tb testing.TB, kind Kind, opts *StartOptions) *Server {
+	tb.Helper()
+	if _, ok, _ := externalAddr(kind); ok {
+		tb.Skipf("servers: this test needs its own %s server, but %s names an external one", kind, envVar(kind))
+	}
+	ctx, cancel := context.WithTimeout(tb.Context(), requireTimeout)
+	defer cancel()
+	s, err := Start(ctx, kind, opts)
+	if err != nil {
+		requireFailed(tb, kind, err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return s
+}
+
+func requireFailed(tb testing.TB, kind Kind, err error) {
+	tb.Helper()
+	if errors.Is(err, ErrNoDocker) && !backendsRequired() {
+		tb.Skipf("no %s server: %v\n(or set %s to a throwaway server; %s=1 turns this skip into a failure)",
+			kind, err, envVar(kind), RequireBackendsEnv)
+	}
+	tb.Fatalf("starting %s server: %v", kind, err)
+}
+
+func backendsRequired() bool {
+	v, _ := strconv.ParseBool(os.Getenv(RequireBackendsEnv))
+	return v
+}

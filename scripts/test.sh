@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test command: prepares Docker (scripts/docker-setup.sh), checks gofmt and
+# go vet, then runs every test with the race detector against real servers.
+# DLOCK_REQUIRE_BACKENDS defaults to 1 here, so a test that cannot get its server
+# fails instead of skipping. Extra arguments go to `go test`, e.g.
+#   scripts/test.sh -run Conformance -v
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '==> %s\n' "$*" >&2; }
+
+step "bash scripts/docker-setup.sh"
+bash scripts/docker-setup.sh
+
+step "gofmt -l ."
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then
+  printf 'gofmt: these files are not formatted (run gofmt -w):\n%s\n' "$unformatted" >&2
+  exit 1
+fi
+
+step "go vet ./..."
+go vet ./...
+
+export DLOCK_REQUIRE_BACKENDS="${DLOCK_REQUIRE_BACKENDS:-1}"
+step "DLOCK_REQUIRE_BACKENDS=$DLOCK_REQUIRE_BACKENDS go test -race -count=1 -timeout 20m ./... $*"
+go test -race -count=1 -timeout 20m ./... "$@"
