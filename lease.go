@@ -44,7 +44,7 @@ type Lease struct {
 	quiesce       chan struct{}      // closed by Release: refresh no more
 	quiesced      chan struct{}      // closed by the monitor in answer
 	quiesceOnce   sync.Once          //
-	cancelRefresh context.CancelFunc // aborts a refresh in flight
+	cancelRefresh context.CancelFunc // aborts a refresh in flight once the lease ended
 	refreshCtx    context.Context
 	monitorDone   chan struct{}
 }
@@ -184,10 +184,10 @@ func (ls *Lease) interval() time.Duration {
 // request (timeout, connection error) can be retried; the lease stays valid
 // until ValidUntil meanwhile. ctx bounds the request.
 func (ls *Lease) Release(ctx context.Context) error {
-	ls.quiesceOnce.Do(func() {
-		ls.cancelRefresh()
-		close(ls.quiesce)
-	})
+	// Stop the watchdog and wait for a refresh in flight to finish (not
+	// cancel it: some clients drop the connection, and with it the lock, on
+	// cancellation). It is bounded by ValidUntil.
+	ls.quiesceOnce.Do(func() { close(ls.quiesce) })
 	select {
 	case <-ls.quiesced:
 	case <-ls.monitorDone:
