@@ -45,6 +45,17 @@ type Notifier interface {
 	Watch(ctx context.Context, name string) (c <-chan struct{}, stop func(), err error)
 }
 
+// Abandoner is implemented by drivers whose TryAcquire can take the lock and
+// still return an error: the reply was lost, or ctx ended with the request
+// already sent. The Locker then calls Abandon, in the background and bounded
+// by the TTL, to remove the lock if req.Token holds it, so that a cancelled
+// acquisition does not leave a lock that nobody holds until it expires.
+// Every attempt of a wait uses a token of its own, so an abandon never
+// removes a later attempt's grant.
+type Abandoner interface {
+	Abandon(ctx context.Context, req Request) error
+}
+
 // Request is one acquisition attempt.
 type Request struct {
 	Name     string

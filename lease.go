@@ -30,41 +30,121 @@ type Lease struct {
 	// server sees them in the order their results are applied.
 	ops sync.Mutex
 
-	mu          sync.Mutex
-	ttl         time.Duration
-	validUntil  time.Time
-	nextRefresh time.Time
-	err         error // why the lease ended, once it has
-	done        chan struct{}
+	mu             sync.Mutex
+	ttl            time.Duration
+	validUntil     time.Time
+	err            error // why the lease ended, once it has
+	done           chan struct{}
+	refreshStopped bool          // set by Release: the watchdog sends no more
+	backoff        time.Duration // the watchdog's delay after a failed refresh
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	kick          chan struct{}      // validUntil or nextRefresh changed
-	quiesce       chan struct{}      // closed by Release: refresh no more
-	quiesced      chan struct{}      // closed by the monitor in answer
-	quiesceOnce   sync.Once          //
-	cancelRefresh context.CancelFunc // aborts a refresh in flight once the lease ended
+	// Background work runs on timers, not on a goroutine of its own: a lease
+	// that lives shorter than its refresh interval costs no goroutine.
+	deadline      *time.Timer // ends the lease at ValidUntil
+	tick          *time.Timer // the watchdog; nil with NoRefresh
 	refreshCtx    context.Context
-	monitorDone   chan struct{}
+	cancelRefresh context.CancelFunc // aborts a refresh in flight once the lease ended
 }
 
 func newLease(l *locker, req Request, o Options, g *Grant, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, h: g.Handle, name: req.Name, token: req.Token,
 		fence: g.Fence, hasFence: l.caps.Fencing, opts: o, lost: g.Lost, drift: g.Drift,
-		ttl:  req.TTL,
-		done: make(chan struct{}), kick: make(chan struct{}, 1),
-		quiesce: make(chan struct{}), quiesced: make(chan struct{}), monitorDone: make(chan struct{}),
+		ttl: req.TTL, done: make(chan struct{}), backoff: o.RetryMin,
 	}
 	if g.TTL > 0 {
 		ls.ttl = g.TTL
 	}
 	ls.validUntil = validUntil(sent, req.TTL, g)
-	ls.nextRefresh = sent.Add(ls.interval())
 	ls.ctx, ls.cancel = context.WithCancelCause(context.Background())
 	ls.refreshCtx, ls.cancelRefresh = context.WithCancel(context.Background())
 	return ls
+}
+
+// start arms the lease's timers (and watches the driver's loss signal, if
+// any). Their callbacks are counted in the locker's background group while
+// they run, so Close can wait for them.
+func (ls *Lease) start(sent time.Time) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.deadline = time.AfterFunc(time.Until(ls.validUntil), ls.onDeadline)
+	if !ls.opts.NoRefresh {
+		ls.tick = time.AfterFunc(time.Until(sent.Add(ls.interval())), ls.onTick)
+	}
+	if ls.lost != nil {
+		ls.l.bg.Add(1)
+		go func() {
+			defer ls.l.bg.Done()
+			select {
+			case <-ls.lost:
+				ls.end(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
+			case <-ls.done:
+			}
+		}()
+	}
+}
+
+// enter registers a running timer callback; it returns false once the lease
+// has ended, so no callback starts after that.
+func (ls *Lease) enter() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return false
+	}
+	ls.l.bg.Add(1)
+	return true
+}
+
+// onDeadline ends the lease when ValidUntil has passed without a refresh.
+func (ls *Lease) onDeadline() {
+	if !ls.enter() {
+		return
+	}
+	defer ls.l.bg.Done()
+	ls.mu.Lock()
+	left := time.Until(ls.validUntil)
+	if left > 0 { // a refresh moved it meanwhile
+		ls.deadline.Reset(left)
+	}
+	ls.mu.Unlock()
+	if left <= 0 {
+		ls.end(fmt.Errorf("%w: %q was not refreshed before its ValidUntil", ErrLost, ls.name))
+	}
+}
+
+// onTick is the watchdog: one refresh bounded by ValidUntil, then the next
+// one scheduled (sooner, with backoff, after a failure that did not lose the
+// lock). The deadline timer fires meanwhile if the refresh hangs.
+func (ls *Lease) onTick() {
+	if !ls.enter() {
+		return
+	}
+	defer ls.l.bg.Done()
+	ls.ops.Lock()
+	ls.mu.Lock()
+	stopped, until, ttl := ls.refreshStopped || ls.err != nil, ls.validUntil, ls.ttl
+	ls.mu.Unlock()
+	if stopped {
+		ls.ops.Unlock()
+		return
+	}
+	ctx, cancel := context.WithDeadline(ls.refreshCtx, until)
+	err := ls.refresh(ctx, ttl)
+	cancel()
+	ls.ops.Unlock()
+	if err == nil || errors.Is(err, ErrNotHeld) {
+		return // refresh rescheduled the tick, or the lease has ended
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.err == nil && !ls.refreshStopped {
+		ls.tick.Reset(jitter(ls.backoff))
+		ls.backoff = min(2*ls.backoff, ls.opts.RetryMax)
+	}
 }
 
 // Name is the lock's name.
@@ -154,18 +234,18 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 		granted = ttl
 	}
 	ls.mu.Lock()
-	if ls.err == nil {
-		ls.ttl = granted
-		ls.validUntil = validUntil(sent, ttl, &Grant{TTL: granted, Drift: ls.drift})
-		ls.nextRefresh = sent.Add(ls.interval())
+	defer ls.mu.Unlock()
+	if ls.err != nil {
+		return ls.err
 	}
-	err = ls.err
-	ls.mu.Unlock()
-	select {
-	case ls.kick <- struct{}{}:
-	default:
+	ls.ttl = granted
+	ls.validUntil = validUntil(sent, ttl, &Grant{TTL: granted, Drift: ls.drift})
+	ls.deadline.Reset(time.Until(ls.validUntil))
+	ls.backoff = ls.opts.RetryMin
+	if ls.tick != nil && !ls.refreshStopped {
+		ls.tick.Reset(time.Until(sent.Add(ls.interval())))
 	}
-	return err
+	return nil
 }
 
 // interval is the watchdog period for the current TTL; ls.mu held or not yet
@@ -184,16 +264,18 @@ func (ls *Lease) interval() time.Duration {
 // request (timeout, connection error) can be retried; the lease stays valid
 // until ValidUntil meanwhile. ctx bounds the request.
 func (ls *Lease) Release(ctx context.Context) error {
-	// Stop the watchdog and wait for a refresh in flight to finish (not
-	// cancel it: some clients drop the connection, and with it the lock, on
-	// cancellation). It is bounded by ValidUntil.
-	ls.quiesceOnce.Do(func() { close(ls.quiesce) })
-	select {
-	case <-ls.quiesced:
-	case <-ls.monitorDone:
-	}
+	// Stop the watchdog first. A refresh in flight holds ops: taking it
+	// waits for that refresh to finish rather than cancelling it (some
+	// clients drop the connection, and with it the lock, on cancellation);
+	// it is bounded by ValidUntil.
 	ls.ops.Lock()
 	defer ls.ops.Unlock()
+	ls.mu.Lock()
+	ls.refreshStopped = true
+	if ls.tick != nil {
+		ls.tick.Stop()
+	}
+	ls.mu.Unlock()
 	if err := ls.Err(); err != nil {
 		if errors.Is(err, ErrReleased) {
 			return nil
@@ -209,7 +291,6 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("dlock: release of %q: %w", ls.name, err)
 	}
 	ls.end(ErrReleased)
-	<-ls.monitorDone
 	return nil
 }
 
@@ -244,96 +325,12 @@ func (ls *Lease) end(err error) {
 	}
 	ls.err = err
 	close(ls.done)
+	ls.deadline.Stop()
+	if ls.tick != nil {
+		ls.tick.Stop()
+	}
 	ls.mu.Unlock()
 	ls.cancel(err)
 	ls.cancelRefresh()
 	ls.l.forget(ls)
-}
-
-// monitor is the lease's one goroutine: it refreshes (unless NoRefresh),
-// watches the driver's loss signal and ends the lease at ValidUntil if no
-// refresh moved it. A refresh runs in its own goroutine so that a request
-// stuck in the network cannot delay the loss signal. It returns when the
-// lease ends and that refresh has returned.
-func (ls *Lease) monitor() {
-	defer close(ls.monitorDone)
-	refreshing := !ls.opts.NoRefresh
-	quiesce := ls.quiesce
-	quiescePending := false
-	var inflight chan error // non-nil while a refresh runs
-	backoff := ls.opts.RetryMin
-	deadline := time.NewTimer(time.Hour)
-	tick := time.NewTimer(time.Hour)
-	defer deadline.Stop()
-	defer tick.Stop()
-	finish := func(reason error) {
-		if reason != nil {
-			ls.end(reason)
-		}
-		if inflight != nil {
-			<-inflight
-		}
-	}
-	for {
-		ls.mu.Lock()
-		until, next := ls.validUntil, ls.nextRefresh
-		ls.mu.Unlock()
-		deadline.Reset(time.Until(until))
-		var tickC <-chan time.Time
-		if refreshing && inflight == nil {
-			tick.Reset(time.Until(next))
-			tickC = tick.C
-		}
-		select {
-		case <-ls.done:
-			finish(nil)
-			return
-		case <-quiesce:
-			refreshing, quiesce = false, nil
-			if inflight == nil {
-				close(ls.quiesced)
-			} else {
-				quiescePending = true
-			}
-		case <-ls.kick:
-		case <-ls.lost:
-			finish(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
-			return
-		case <-deadline.C:
-			finish(fmt.Errorf("%w: %q was not refreshed before its ValidUntil", ErrLost, ls.name))
-			return
-		case err := <-inflight:
-			inflight = nil
-			if quiescePending {
-				close(ls.quiesced)
-				quiescePending = false
-			}
-			if err != nil && !errors.Is(err, ErrNotHeld) {
-				// Not lost (yet): try again soon; the deadline still stands.
-				ls.mu.Lock()
-				ls.nextRefresh = time.Now().Add(jitter(backoff))
-				ls.mu.Unlock()
-				backoff = min(2*backoff, ls.opts.RetryMax)
-			} else {
-				backoff = ls.opts.RetryMin
-			}
-		case <-tickC:
-			inflight = make(chan error, 1)
-			go func(c chan<- error) { c <- ls.watchdogRefresh(until) }(inflight)
-		}
-		deadline.Stop()
-		tick.Stop()
-	}
-}
-
-// watchdogRefresh sends one refresh bounded by the validity deadline.
-func (ls *Lease) watchdogRefresh(until time.Time) error {
-	ctx, cancel := context.WithDeadline(ls.refreshCtx, until)
-	defer cancel()
-	ls.ops.Lock()
-	defer ls.ops.Unlock()
-	if ls.Err() != nil || ls.refreshCtx.Err() != nil {
-		return nil
-	}
-	return ls.refresh(ctx, ls.TTL())
 }

@@ -60,17 +60,19 @@ func New(d Driver, defaults *Options) (Locker, error) {
 		l.defaults = &cp
 	}
 	l.waiter, _ = d.(Waiter)
+	l.abandoner, _ = d.(Abandoner)
 	l.notifier, _ = d.(Notifier)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l, nil
 }
 
 type locker struct {
-	d        Driver
-	caps     Capabilities
-	defaults *Options
-	waiter   Waiter
-	notifier Notifier
+	d         Driver
+	caps      Capabilities
+	defaults  *Options
+	waiter    Waiter
+	notifier  Notifier
+	abandoner Abandoner
 
 	ctx    context.Context // cancelled by Close: ends waits
 	cancel context.CancelFunc
@@ -79,7 +81,7 @@ type locker struct {
 	closed   bool
 	inflight sync.WaitGroup // acquisitions under way
 	leases   map[*Lease]struct{}
-	monitors sync.WaitGroup // one per lease
+	bg       sync.WaitGroup // leases' timer callbacks while they run, abandons
 }
 
 func (l *locker) Capabilities() Capabilities { return l.caps }
@@ -133,7 +135,7 @@ func (l *locker) acquire(ctx context.Context, name string, opts *Options, wait b
 			sent, err = l.checkValidity(ctx, req, g, sent)
 		}
 	default:
-		g, sent, err = l.poll(actx, req, o)
+		g, sent, err = l.poll(actx, &req, o)
 	}
 	if err != nil {
 		return nil, l.waitError(ctx, actx, err)
@@ -162,6 +164,10 @@ func (l *locker) attempt(ctx context.Context, req Request) (*Grant, time.Time, e
 	sent := time.Now()
 	g, err := l.d.TryAcquire(ctx, req)
 	if err != nil {
+		var busy *BusyError
+		if l.abandoner != nil && !errors.As(err, &busy) && !errors.Is(err, ErrInvalid) {
+			l.abandon(ctx, req)
+		}
 		return nil, sent, err
 	}
 	sent, err = l.checkValidity(ctx, req, g, sent)
@@ -181,18 +187,34 @@ func (l *locker) checkValidity(ctx context.Context, req Request, g *Grant, sent 
 	return sent, fmt.Errorf("%w: the grant arrived after its validity had passed (acquire took longer than TTL minus drift)", ErrNotAcquired)
 }
 
+// abandon removes, in the background, a lock that a failed attempt may have
+// taken. It runs inside an acquisition, so Close (which waits for those
+// first) waits for it too.
+func (l *locker) abandon(ctx context.Context, req Request) {
+	l.bg.Add(1)
+	go func() {
+		defer l.bg.Done()
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), req.TTL)
+		defer cancel()
+		_ = l.abandoner.Abandon(actx, req) // best effort: the lock expires anyway
+	}()
+}
+
 // poll is the waiting loop for drivers without a server-side queue: one
 // attempt, then wait for a release notification (when the driver offers
 // them) or for the holder's remaining TTL, then again.
-func (l *locker) poll(ctx context.Context, req Request, o Options) (*Grant, time.Time, error) {
+func (l *locker) poll(ctx context.Context, req *Request, o Options) (*Grant, time.Time, error) {
 	var notify <-chan struct{}
 	backoff := o.RetryMin
 	var lastErr error
 	timer := time.NewTimer(0)
 	<-timer.C
 	defer timer.Stop()
-	for {
-		g, sent, err := l.attempt(ctx, req)
+	for first := true; ; first = false {
+		if !first {
+			req.Token = newToken() // see Abandoner
+		}
+		g, sent, err := l.attempt(ctx, *req)
 		if err == nil {
 			return g, sent, nil
 		}
@@ -258,12 +280,8 @@ func (l *locker) newLease(req Request, o Options, g *Grant, sent time.Time) (*Le
 		return nil, ErrClosed
 	}
 	l.leases[ls] = struct{}{}
-	l.monitors.Add(1)
+	ls.start(sent)
 	l.mu.Unlock()
-	go func() {
-		defer l.monitors.Done()
-		ls.monitor()
-	}()
 	return ls, nil
 }
 
@@ -306,7 +324,9 @@ func (l *locker) Close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	l.monitors.Wait()
+	// Every lease has ended, so no timer callback starts any more; wait for
+	// those still running.
+	l.bg.Wait()
 	return errors.Join(append(errs, l.d.Close())...)
 }
 

@@ -35,6 +35,10 @@ var tests = []testCase{
 	// leave no waiter state behind: the next TryAcquire after the release
 	// succeeds.
 	{name: "CancelDuringWait", fn: testCancelDuringWait},
+	// An attempt cut short by its context after the request was sent (the
+	// server granted it, the reply came too late) leaves no lock behind
+	// that nobody holds.
+	{name: "CancelledAttemptLeavesNoLock", fn: testCancelledAttempt},
 	// The acquire context bounds only the wait: cancelling it after the
 	// grant does not end the lease.
 	{name: "CancelAfterGrant", fn: testCancelAfterGrant},
@@ -670,4 +674,38 @@ func testDelayedRefresh(s *suite) {
 	fa.SetLatency(0)
 	s.stillHeld(lb)
 	s.release(lb)
+}
+
+func testCancelledAttempt(s *suite) {
+	long := 20 * s.cfg.TTL
+	a, fa := s.locker(s.opts(ttl(long)))
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	warm := s.acquire(a, s.name(), nil)
+	s.release(warm)
+	lag := s.cfg.TTL / 5
+	fa.SetLatency(lag)
+	for _, try := range []bool{true, false} {
+		ctx, cancel := context.WithTimeout(s.ctx, lag*3/2)
+		var err error
+		if try {
+			_, err = a.TryAcquire(ctx, name, nil)
+		} else {
+			_, err = a.Acquire(ctx, name, nil)
+		}
+		cancel()
+		if err == nil {
+			s.t.Fatalf("try=%v: acquired within %v though a round trip takes %v", try, lag*3/2, 2*lag)
+		}
+		// A lock left behind would hold the name for 20×TTL; the abandoned
+		// grant must be gone within a few round trips.
+		ctx, cancel = context.WithTimeout(s.ctx, 2*s.cfg.TTL)
+		lb, err := b.Acquire(ctx, name, nil)
+		cancel()
+		if err != nil {
+			s.t.Fatalf("try=%v: the name is still taken after the cancelled attempt: %v", try, err)
+		}
+		s.release(lb)
+	}
+	fa.SetLatency(0)
 }

@@ -26,6 +26,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sync"
@@ -259,4 +260,14 @@ func (s *Store) Watchers(name string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.watchers[name])
+}
+
+// Abandon removes the lock if req.Token holds it (an attempt whose reply was
+// lost); see dlock.Abandoner.
+func (d *driver) Abandon(ctx context.Context, req dlock.Request) error {
+	h := &handle{d: d, name: req.Name, token: req.Token}
+	if err := h.Release(ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
+		return err
+	}
+	return nil
 }
