@@ -78,6 +78,11 @@ type Grant struct {
 	// the lock is gone (session expired, connection lost, key deleted). The
 	// Locker turns that into the lease's loss signal.
 	Lost <-chan struct{}
+	// Sent, when not zero, is when the request that started the granted
+	// TTL was sent: for a driver that waits (Waiter), or is granted through a
+	// queue, the last request before the grant, not the start of the wait.
+	// Zero means when the Locker called the driver.
+	Sent time.Time
 	// Drift, when not zero, replaces the default clock drift margin
 	// (TTL/100 + 2ms) subtracted from the lease's validity.
 	Drift time.Duration

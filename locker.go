@@ -178,6 +178,9 @@ func (l *locker) checkValidity(ctx context.Context, req Request, g *Grant, sent 
 	if g == nil || g.Handle == nil {
 		return sent, fmt.Errorf("dlock: driver returned an empty grant for %q", req.Name)
 	}
+	if !g.Sent.IsZero() {
+		sent = g.Sent
+	}
 	if time.Now().Before(validUntil(sent, req.TTL, g)) {
 		return sent, nil
 	}
