@@ -1,0 +1,70 @@
+package main
+
+import (
+	"net"
+	"net/url"
+
+	"github.com/dlock/dlock/internal/bench"
+	"github.com/dlock/dlock/internal/servers"
+
+	// The drivers the bench can open by URL.
+	_ "github.com/dlock/dlock/memory"
+	_ "github.com/dlock/dlock/redis"
+)
+
+// backend is one row of the bench's backend table. Adding a backend is adding
+// a row: the servers it needs, how its URL is made from their addresses, and
+// its raw-client floor.
+type backend struct {
+	// name is the backend's name in -backends and -url.
+	name string
+	// servers are started (one each, in order) unless -url gives the URL;
+	// none for an in-process backend.
+	servers []servers.Kind
+	// url is the driver URL for the started servers' addresses (127.0.0.1:port).
+	url func(addrs []string) string
+	// floor opens raw clients for the same backend as the driver URL.
+	floor func(u *url.URL) (bench.FloorOpener, error)
+}
+
+// backends is the table, in the order the bench runs and reports them.
+var backends = []backend{
+	{
+		name: "memory",
+		url:  func([]string) string { return "mem://dlock-bench" },
+		// A mutex-map in this process, as the memory driver is.
+		floor: func(*url.URL) (bench.FloorOpener, error) { return bench.MemoryFloors(), nil },
+	},
+	{
+		name:    "redis",
+		servers: []servers.Kind{servers.Redis},
+		url: func(addrs []string) string {
+			return (&url.URL{Scheme: "redis", Host: addrs[0], Path: "/0"}).String()
+		},
+		floor: bench.RedisFloors,
+	},
+}
+
+func lookupBackend(name string) (backend, bool) {
+	for _, b := range backends {
+		if b.name == name {
+			return b, true
+		}
+	}
+	return backend{}, false
+}
+
+func backendNames() []string {
+	names := make([]string, len(backends))
+	for i, b := range backends {
+		names[i] = b.name
+	}
+	return names
+}
+
+// loopback reports whether addr is 127.0.0.1:port: the bench only ever
+// starts servers there.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && host == "127.0.0.1"
+}

@@ -1,0 +1,61 @@
+// Command dlock is dlock's command-line tool.
+//
+// Usage:
+//
+//	dlock bench [flags]   compare lock backends, dlock against each raw client
+//	dlock help [command]  show help
+//
+// See `dlock help bench` for the benchmark's flags and what it measures.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the whole command; it returns the exit status: 0 on success, 1 when
+// a run failed, 2 for bad usage.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "bench":
+		return benchMain(ctx, rest, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		if len(rest) == 0 {
+			usage(stdout)
+			return 0
+		}
+		if rest[0] == "bench" {
+			fs, _ := benchFlagSet(stdout)
+			fs.Usage()
+			return 0
+		}
+		fmt.Fprintf(stderr, "dlock help: unknown command %q\n", rest[0])
+		return 2
+	default:
+		fmt.Fprintf(stderr, "dlock: unknown command %q\n\n", cmd)
+		usage(stderr)
+		return 2
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `dlock is the command-line tool of github.com/dlock/dlock.
+
+Usage:
+
+	dlock bench [flags]   compare lock backends: dlock's driver against the
+	                      backend's raw client, on servers it starts itself
+	                      (Docker) or on URLs given
+	dlock help [command]  show help, e.g. dlock help bench
+`)
+}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// runCmd runs the command with args and returns its status and output.
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestHelp(t *testing.T) {
+	tests := []struct {
+		args     []string
+		code     int
+		contains string
+	}{
+		{[]string{"help"}, 0, "dlock bench [flags]"},
+		{[]string{"-h"}, 0, "dlock bench [flags]"},
+		{[]string{"help", "bench"}, 0, "-backends"},
+		{[]string{"bench", "-h"}, 0, ""},
+		{[]string{}, 2, ""},
+		{[]string{"frobnicate"}, 2, ""},
+		{[]string{"help", "frobnicate"}, 2, ""},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			code, out, errOut := runCmd(t, tt.args...)
+			if code != tt.code {
+				t.Errorf("status %d, want %d; stderr:\n%s", code, tt.code, errOut)
+			}
+			if !strings.Contains(out, tt.contains) {
+				t.Errorf("stdout lacks %q:\n%s", tt.contains, out)
+			}
+		})
+	}
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown backend", []string{"-backends", "memory,nosuch"}, `unknown backend "nosuch"`},
+		{"twice", []string{"-backends", "memory,memory"}, "given twice"},
+		{"none", []string{"-backends", ","}, "no backend selected"},
+		{"url unknown backend", []string{"-url", "nosuch=x://"}, `unknown backend "nosuch"`},
+		{"url not name=URL", []string{"-url", "redis"}, "want name=URL"},
+		{"url not selected", []string{"-backends", "memory", "-url", "redis=redis://127.0.0.1:1"}, "not in -backends"},
+		{"output format", []string{"-backends", "memory", "-o", "out.csv"}, "extension"},
+		{"zero workers", []string{"-backends", "memory", "-workers", "0"}, "must be positive"},
+		{"arguments", []string{"-backends", "memory", "extra"}, "unexpected arguments"},
+		{"bad flag", []string{"-nosuchflag"}, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := runCmd(t, append([]string{"bench"}, tt.args...)...)
+			if code != 2 {
+				t.Errorf("status %d, want 2", code)
+			}
+			if out != "" {
+				t.Errorf("stdout not empty:\n%s", out)
+			}
+			if !strings.Contains(errOut, tt.want) {
+				t.Errorf("stderr lacks %q:\n%s", tt.want, errOut)
+			}
+		})
+	}
+}
+
+// small keeps a real run short.
+var small = []string{"-duration", "100ms", "-n", "50", "-handoff-n", "4", "-settle", "2ms", "-workers", "2", "-rounds", "2"}
+
+func TestBenchMemory(t *testing.T) {
+	dir := t.TempDir()
+	for _, ext := range []string{"json", "md", "txt"} {
+		t.Run(ext, func(t *testing.T) {
+			out := filepath.Join(dir, "report."+ext)
+			args := append([]string{"bench", "-backends", "memory", "-o", out}, small...)
+			code, stdout, stderr := runCmd(t, args...)
+			if code != 0 {
+				t.Fatalf("status %d; stderr:\n%s", code, stderr)
+			}
+			for _, want := range []string{"backend", "memory   dlock", "memory   floor", "fencing=yes"} {
+				if !strings.Contains(stdout, want) {
+					t.Errorf("stdout lacks %q:\n%s", want, stdout)
+				}
+			}
+			if !strings.Contains(stderr, "memory   dlock contended") {
+				t.Errorf("stderr lacks progress lines:\n%s", stderr)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch ext {
+			case "json":
+				var rep struct {
+					Backends []struct {
+						Backend string
+						Dlock   struct{ Contended struct{ Ops int64 } }
+					}
+				}
+				if err := json.Unmarshal(b, &rep); err != nil {
+					t.Fatalf("report is not JSON: %v", err)
+				}
+				if len(rep.Backends) != 1 || rep.Backends[0].Backend != "memory" || rep.Backends[0].Dlock.Contended.Ops <= 0 {
+					t.Errorf("JSON report = %+v, want one memory backend with contended ops", rep)
+				}
+			case "md":
+				if !strings.Contains(string(b), "| memory | dlock |") {
+					t.Errorf("Markdown report lacks the memory row:\n%s", b)
+				}
+			case "txt":
+				if string(b) != stdout {
+					t.Errorf("text report differs from stdout:\n%s\nvs\n%s", b, stdout)
+				}
+			}
+		})
+	}
+}
+
+func TestBenchQuiet(t *testing.T) {
+	code, stdout, stderr := runCmd(t, append([]string{"bench", "-backends", "memory", "-q"}, small...)...)
+	if code != 0 || stderr != "" {
+		t.Errorf("status %d, stderr %q; want 0 and nothing", code, stderr)
+	}
+	if !strings.Contains(stdout, "memory   dlock") {
+		t.Errorf("stdout lacks the table:\n%s", stdout)
+	}
+}
+
+// A URL's password never appears in the output, even when everything fails.
+func TestBenchRedactsURL(t *testing.T) {
+	const secret = "s3cr3t-pw"
+	args := append([]string{"bench", "-backends", "redis", "-url", "redis=redis://user:" + secret + "@127.0.0.1:1/0?dial_timeout=50ms"}, small...)
+	code, stdout, stderr := runCmd(t, args...)
+	if code != 1 {
+		t.Errorf("status %d, want 1 (nothing listens on port 1)", code)
+	}
+	if strings.Contains(stdout+stderr, secret) {
+		t.Errorf("output contains the password:\n%s\n%s", stdout, stderr)
+	}
+	if !strings.Contains(stdout, "redis://user:xxxxx@127.0.0.1:1/0") {
+		t.Errorf("stdout lacks the redacted URL:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "ERR") {
+		t.Errorf("stdout does not show the failures:\n%s", stdout)
+	}
+}

@@ -1,0 +1,261 @@
+// Package bench measures dlock drivers against their backends' raw-client
+// floors: the scenarios, the measurements, the percentile math and the
+// rendering behind `dlock bench`.
+//
+// Every scenario runs for two clients in the same run: the dlock driver (a
+// dlock.Locker opened from the backend's URL, default options, so the
+// watchdog is on) and the backend's Floor, the minimal client calls with no
+// library. The two take turns within each scenario (Config.Rounds), so that
+// a change in the machine's load weighs on both alike: the interesting
+// figures are the ratios.
+//
+// # Scenarios
+//
+//   - uncontended: one worker, TryAcquire + Release on one name, N times:
+//     p50, p99, ops/s.
+//   - handoff: a holder holds a name, a waiter (an independent Locker) is
+//     blocked in Acquire; after Settle the holder releases at t0 and the
+//     waiter's Acquire returns at t1: p50/p99 of t1−t0. The floor's waiter
+//     spins TryLock, the raw client's only way to wait.
+//   - contended: Workers workers, each with its own Locker (as separate
+//     processes would have), loop Acquire → Release on ONE name for Duration:
+//     total ops/s and fairness (min/max of per-worker counts).
+//   - independent: the same workers on one name each: total ops/s.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"time"
+
+	"github.com/dlock/dlock"
+)
+
+// Config sets the size of a run. Zero fields take the defaults named.
+type Config struct {
+	// Duration of each throughput scenario (contended, independent). Default 3s.
+	Duration time.Duration `json:"duration_ns"`
+	// N is the number of uncontended acquire+release iterations. Default 2000.
+	N int `json:"n"`
+	// HandoffN is the number of handoffs measured. Default 200.
+	HandoffN int `json:"handoff_n"`
+	// Workers in the contended and independent scenarios. Default 8.
+	Workers int `json:"workers"`
+	// TTL of every lock taken. Default 10s.
+	TTL time.Duration `json:"ttl_ns"`
+	// Settle is how long a handoff waiter is given to reach its wait before
+	// the holder releases: dlock has no event saying a waiter is waiting.
+	// Default 20ms.
+	Settle time.Duration `json:"settle_ns"`
+	// Rounds is how many turns each throughput scenario is cut into, and the
+	// fewest for a latency scenario (those take turns of about 20 uncontended
+	// iterations or 5 handoffs): the dlock and floor clients take turns,
+	// dlock first in even rounds and the floor first in odd ones, so that
+	// both meet the same conditions. Default 4.
+	Rounds int `json:"rounds"`
+	// Progress receives one line per measurement; nil for none.
+	Progress io.Writer `json:"-"`
+}
+
+// Defaults for Config fields left zero.
+const (
+	DefaultDuration = 3 * time.Second
+	DefaultN        = 2000
+	DefaultHandoffN = 200
+	DefaultWorkers  = 8
+	DefaultTTL      = 10 * time.Second
+	DefaultSettle   = 20 * time.Millisecond
+	DefaultRounds   = 4
+)
+
+func (c Config) withDefaults() (Config, error) {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.Duration, DefaultDuration)
+	def(&c.TTL, DefaultTTL)
+	def(&c.Settle, DefaultSettle)
+	if c.N == 0 {
+		c.N = DefaultN
+	}
+	if c.HandoffN == 0 {
+		c.HandoffN = DefaultHandoffN
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.Rounds == 0 {
+		c.Rounds = DefaultRounds
+	}
+	switch {
+	case c.Duration < 0, c.TTL < 0, c.Settle < 0, c.N < 0, c.HandoffN < 0, c.Workers < 0, c.Rounds < 0:
+		return c, fmt.Errorf("bench: negative setting in %+v", c)
+	case c.TTL < time.Millisecond:
+		return c, fmt.Errorf("bench: TTL %v is below 1ms", c.TTL)
+	}
+	return c, nil
+}
+
+// Target is one backend under test.
+type Target struct {
+	// Backend names it, as in `-backends`.
+	Backend string
+	// URL is shown in the report; it must already be redacted (dlock.Redact).
+	URL string
+	// Open returns a new, independent Locker on the backend at each call.
+	Open func(ctx context.Context) (dlock.Locker, error)
+	// Floor opens a new, independent raw client at each call.
+	Floor FloorOpener
+}
+
+// Report is the outcome of a run.
+type Report struct {
+	Started    time.Time       `json:"started"`
+	GoVersion  string          `json:"go_version"`
+	GOMAXPROCS int             `json:"gomaxprocs"`
+	NumCPU     int             `json:"num_cpu"`
+	Config     Config          `json:"config"`
+	Backends   []BackendResult `json:"backends"`
+}
+
+// Err joins every scenario error of the report, or returns nil.
+func (r *Report) Err() error {
+	var errs []error
+	for _, b := range r.Backends {
+		for _, res := range []Result{b.Dlock, b.Floor} {
+			for _, e := range res.Errors {
+				errs = append(errs, fmt.Errorf("%s %s: %s", b.Backend, res.Client, e))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// BackendResult is one backend's two rows: the driver and its floor.
+type BackendResult struct {
+	Backend      string       `json:"backend"`
+	URL          string       `json:"url"`
+	Capabilities Capabilities `json:"capabilities"`
+	Dlock        Result       `json:"dlock"`
+	Floor        Result       `json:"floor"`
+	Ratios       Ratios       `json:"ratios"`
+}
+
+// Capabilities are those the driver declares (dlock.Capabilities).
+type Capabilities struct {
+	Fencing         bool          `json:"fencing"`
+	FIFO            bool          `json:"fifo"`
+	NotifiedWait    bool          `json:"notified_wait"`
+	SurvivesRestart bool          `json:"survives_restart"`
+	MinTTL          time.Duration `json:"min_ttl_ns"`
+}
+
+// Result is the measurements of one client (dlock or floor) on one backend.
+// A scenario that failed is nil and its error is in Errors.
+type Result struct {
+	Client      string      `json:"client"`
+	Uncontended *Latency    `json:"uncontended,omitempty"`
+	Handoff     *Latency    `json:"handoff,omitempty"`
+	Contended   *Throughput `json:"contended,omitempty"`
+	Independent *Throughput `json:"independent,omitempty"`
+	Errors      []string    `json:"errors,omitempty"`
+}
+
+// Latency is a latency scenario's outcome.
+type Latency struct {
+	N         int           `json:"n"`
+	P50       time.Duration `json:"p50_ns"`
+	P99       time.Duration `json:"p99_ns"`
+	Mean      time.Duration `json:"mean_ns"`
+	Max       time.Duration `json:"max_ns"`
+	OpsPerSec float64       `json:"ops_per_sec,omitempty"`
+}
+
+// Throughput is a throughput scenario's outcome.
+type Throughput struct {
+	Workers   int           `json:"workers"`
+	Elapsed   time.Duration `json:"elapsed_ns"`
+	Ops       int64         `json:"ops"`
+	OpsPerSec float64       `json:"ops_per_sec"`
+	PerWorker []int64       `json:"per_worker"`
+	Min       int64         `json:"min"`
+	Max       int64         `json:"max"`
+	// Fairness is Min/Max.
+	Fairness float64 `json:"fairness"`
+	// RoundOpsPerSec is the throughput of each turn (Config.Rounds): a wide
+	// spread means the figure is not stable on this machine.
+	RoundOpsPerSec []float64 `json:"round_ops_per_sec"`
+	// Overlaps counts acquisitions granted while another worker still held
+	// the same name: a correct lock has none.
+	Overlaps int64 `json:"overlaps"`
+}
+
+// Ratios compare the rows; 0 when a side is missing.
+type Ratios struct {
+	// UncontendedP50 is dlock's uncontended p50 over the floor's.
+	UncontendedP50 float64 `json:"uncontended_p50_dlock_over_floor"`
+	// HandoffDlock is dlock's handoff p50 over dlock's uncontended p50.
+	HandoffDlock float64 `json:"handoff_p50_over_uncontended_p50_dlock"`
+	// HandoffFloor is the floor's handoff p50 over the floor's uncontended p50.
+	HandoffFloor float64 `json:"handoff_p50_over_uncontended_p50_floor"`
+	// ContendedOps is dlock's contended ops/s over the floor's.
+	ContendedOps float64 `json:"contended_ops_dlock_over_floor"`
+}
+
+func (b *BackendResult) computeRatios() {
+	d, f := b.Dlock, b.Floor
+	if d.Uncontended != nil && f.Uncontended != nil {
+		b.Ratios.UncontendedP50 = ratio(float64(d.Uncontended.P50), float64(f.Uncontended.P50))
+	}
+	if d.Handoff != nil && d.Uncontended != nil {
+		b.Ratios.HandoffDlock = ratio(float64(d.Handoff.P50), float64(d.Uncontended.P50))
+	}
+	if f.Handoff != nil && f.Uncontended != nil {
+		b.Ratios.HandoffFloor = ratio(float64(f.Handoff.P50), float64(f.Uncontended.P50))
+	}
+	if d.Contended != nil && f.Contended != nil {
+		b.Ratios.ContendedOps = ratio(d.Contended.OpsPerSec, f.Contended.OpsPerSec)
+	}
+}
+
+// Run measures every target in turn. Scenario failures are recorded in the
+// report (see Report.Err) and the run goes on; Run returns an error only when
+// the configuration is invalid or ctx ends, and then the report holds what
+// was measured so far. ctx bounds the whole run.
+func Run(ctx context.Context, cfg Config, targets []Target) (*Report, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{
+		Started: time.Now(), GoVersion: runtime.Version(),
+		GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(), Config: cfg,
+	}
+	for _, t := range targets {
+		if t.Open == nil || t.Floor == nil {
+			return rep, fmt.Errorf("bench: target %q lacks Open or Floor", t.Backend)
+		}
+		r := &runner{cfg: cfg, t: t, run: runID()}
+		b := r.measure(ctx)
+		rep.Backends = append(rep.Backends, b)
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// runID makes lock names unique to one run, so that runs against a shared
+// server never meet each other's (or a crashed run's) keys.
+func runID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

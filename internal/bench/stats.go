@@ -1,0 +1,79 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Percentile returns the nearest-rank p-th percentile (0 < p ≤ 100) of
+// sorted, which must be in ascending order: the smallest sample that at
+// least p percent of the samples are less than or equal to. It returns 0 for
+// no samples; p ≤ 0 gives the minimum and p ≥ 100 the maximum.
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	n := len(sorted)
+	switch {
+	case n == 0:
+		return 0
+	case p <= 0 || math.IsNaN(p):
+		return sorted[0]
+	case p >= 100:
+		return sorted[n-1]
+	}
+	// 1-based; the epsilon keeps 99.9% of 1000 at 999 despite rounding.
+	rank := int(math.Ceil(p*float64(n)/100 - 1e-9))
+	rank = min(max(rank, 1), n)
+	return sorted[rank-1]
+}
+
+// Summarize turns latency samples taken over elapsed into a Latency. It does
+// not modify samples.
+func Summarize(samples []time.Duration, elapsed time.Duration) Latency {
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	l := Latency{N: len(s), P50: Percentile(s, 50), P99: Percentile(s, 99)}
+	if len(s) > 0 {
+		var sum time.Duration
+		for _, d := range s {
+			sum += d
+		}
+		l.Mean = sum / time.Duration(len(s))
+		l.Max = s[len(s)-1]
+	}
+	if elapsed > 0 {
+		l.OpsPerSec = float64(len(s)) / elapsed.Seconds()
+	}
+	return l
+}
+
+// Spread fills the per-worker fields of t from counts: the total, min, max
+// and fairness (min/max; 1 when every worker did the same, 0 when one did
+// nothing or none did anything).
+func Spread(t *Throughput, counts []int64) {
+	t.Workers = len(counts)
+	t.PerWorker = slices.Clone(counts)
+	t.Ops, t.Min, t.Max, t.Fairness = 0, 0, 0, 0
+	if len(counts) == 0 {
+		return
+	}
+	t.Min, t.Max = counts[0], counts[0]
+	for _, c := range counts {
+		t.Ops += c
+		t.Min = min(t.Min, c)
+		t.Max = max(t.Max, c)
+	}
+	if t.Max > 0 {
+		t.Fairness = float64(t.Min) / float64(t.Max)
+	}
+	if t.Elapsed > 0 {
+		t.OpsPerSec = float64(t.Ops) / t.Elapsed.Seconds()
+	}
+}
+
+// ratio is a/b, or 0 when either is not positive.
+func ratio(a, b float64) float64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	return a / b
+}

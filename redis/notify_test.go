@@ -1,0 +1,248 @@
+package redis
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/conformance/faultnet"
+	"github.com/dlock/dlock/internal/servers"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+func newHub(t *testing.T, addr string, confirm time.Duration) *hub {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: confirm})
+	h := &hub{}
+	h.init(c, confirm)
+	t.Cleanup(func() {
+		if err := h.close(); err != nil {
+			t.Errorf("hub close: %v", err)
+		}
+		_ = c.Close()
+	})
+	return h
+}
+
+func numSub(t *testing.T, raw *goredis.Client, channel string) int64 {
+	t.Helper()
+	m, err := raw.PubSubNumSub(context.Background(), channel).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m[channel]
+}
+
+// When Watch returns, the server has the subscription, however a watch that
+// gave up early (subscribe, then unsubscribe in flight) interleaves with it;
+// once nobody watches, the channel is unsubscribed and its state dropped.
+func TestWatchReadyMeansSubscribed(t *testing.T) {
+	addr := servers.Require(t, servers.Redis).Addr()
+	raw := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer raw.Close()
+	h := newHub(t, addr, 3*time.Second)
+	channel := "dlocktest:hub:" + time.Now().Format("150405.000000")
+	ctx := context.Background()
+	for i := range 200 {
+		// A watch cut short at a random point: before, during or after its
+		// confirmation.
+		short, cancel := context.WithTimeout(ctx, time.Duration(rand.N(1500))*time.Microsecond)
+		if _, stop, err := h.watch(short, channel); err == nil {
+			stop()
+		}
+		cancel()
+		if i%3 == 0 {
+			time.Sleep(time.Duration(rand.N(500)) * time.Microsecond)
+		}
+		_, stop, err := h.watch(ctx, channel)
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if n := numSub(t, raw, channel); n != 1 {
+			t.Fatalf("round %d: Watch returned with %d subscriptions on the server, want 1", i, n)
+		}
+		stop()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h.mu.Lock()
+		left := len(h.chans)
+		h.mu.Unlock()
+		if left == 0 && numSub(t, raw, channel) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d channel states and %d server subscriptions left after every watch stopped", left, numSub(t, raw, channel))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A watch that gives up before its SUBSCRIBE is confirmed leaves an
+// UNSUBSCRIBE in flight; a new watch of the same channel sends SUBSCRIBE
+// again and must wait for that second confirmation, not take the first one
+// for its own. With 20ms of latency each way: SUBSCRIBE at 0, UNSUBSCRIBE at
+// 5ms, SUBSCRIBE at 30ms; the first confirmation arrives at 40ms, when the
+// server has processed the UNSUBSCRIBE but not yet the second SUBSCRIBE.
+func TestWatchWaitsForItsOwnConfirmation(t *testing.T) {
+	addr := servers.Require(t, servers.Redis).Addr()
+	raw := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer raw.Close()
+	proxy, err := faultnet.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	h := newHub(t, proxy.Addr(), 3*time.Second)
+	ctx := context.Background()
+	prefix := "dlocktest:hub:" + time.Now().Format("150405.000000") + ":"
+	_, stopWarm, err := h.watch(ctx, prefix+"warm") // the connection is up
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopWarm()
+	const lag = 20 * time.Millisecond
+	proxy.SetLatency(lag)
+	for i := range 5 {
+		channel := prefix + string(rune('a'+i))
+		start := time.Now()
+		short, cancel := context.WithTimeout(ctx, lag/4)
+		if _, stop, err := h.watch(short, channel); err == nil {
+			stop()
+			t.Fatal("a watch was confirmed within a quarter of the one-way latency")
+		}
+		cancel()
+		time.Sleep(time.Until(start.Add(lag * 3 / 2)))
+		_, stop, err := h.watch(ctx, channel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := numSub(t, raw, channel); n != 1 {
+			t.Fatalf("round %d: Watch returned %v after the first SUBSCRIBE with %d subscriptions on the server, want 1", i, time.Since(start), n)
+		}
+		stop()
+	}
+}
+
+// A pub/sub connection that goes silent (black-holed, never reset) is
+// detected: a Watch waiting for its confirmation fails within the confirm
+// timeout plus one read wake-up, instead of waiting out its ctx, and the
+// existing waiters are woken. After the heal, watching works again.
+func TestWatchFailsOnSilentConnection(t *testing.T) {
+	addr := servers.Require(t, servers.Redis).Addr()
+	proxy, err := faultnet.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	const confirm = 300 * time.Millisecond
+	h := newHub(t, proxy.Addr(), confirm)
+	ctx := context.Background()
+	prefix := "dlocktest:hub:" + time.Now().Format("150405.000000") + ":"
+	c, stop, err := h.watch(ctx, prefix+"a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	proxy.Blackhole()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, _, err = h.watch(wctx, prefix+"b")
+	took := time.Since(start)
+	if err == nil || wctx.Err() != nil {
+		t.Fatalf("Watch over a silent connection: %v after %v; want a connection error before its ctx ends", err, took)
+	}
+	if limit := confirm + readWake + time.Second; took > limit {
+		t.Errorf("Watch failed after %v; want within %v", took, limit)
+	}
+	select {
+	case <-c:
+	default:
+		t.Error("the existing waiter was not woken when the connection was given up")
+	}
+
+	proxy.Heal()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, stop, err := h.watch(wctx, prefix+"b")
+		cancel()
+		if err == nil {
+			stop()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Watch still failing 10s after the heal: %v", err)
+		}
+	}
+}
+
+// A connection that goes silent while waiters only wait (no command in
+// flight) is pinged after pingIdle; when the PING is not answered within the
+// confirm timeout the connection is replaced and the waiters are woken, and
+// once it answers again they are woken again after the resubscription.
+func TestSilentConnectionPinged(t *testing.T) {
+	defer func(d time.Duration) { pingIdle = d }(pingIdle)
+	pingIdle = 200 * time.Millisecond
+	addr := servers.Require(t, servers.Redis).Addr()
+	raw := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer raw.Close()
+	proxy, err := faultnet.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	const confirm = 300 * time.Millisecond
+	h := newHub(t, proxy.Addr(), confirm)
+	channel := "dlocktest:hub:" + time.Now().Format("150405.000000")
+	c, stop, err := h.watch(context.Background(), channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	// Healthy: pings are answered and nothing is woken.
+	select {
+	case <-c:
+		t.Fatal("woken on a healthy connection")
+	case <-time.After(2*readWake + pingIdle):
+	}
+	h.mu.Lock()
+	heard, epoch := time.Since(h.lastHeard), h.epoch
+	h.mu.Unlock()
+	if heard > readWake+pingIdle || epoch != 0 {
+		t.Fatalf("last reply %v ago, epoch %d; want pongs within %v on epoch 0", heard, epoch, readWake+pingIdle)
+	}
+
+	proxy.Blackhole()
+	start := time.Now()
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter not woken 10s into a silent partition")
+	}
+	if took, limit := time.Since(start), pingIdle+confirm+2*readWake; took > limit {
+		t.Errorf("woken %v into the partition; want within %v", took, limit)
+	}
+	// Wakes keep coming while reconnecting fails in the partition; after the
+	// heal one must come once the channel is subscribed again.
+	proxy.Heal()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case <-c:
+		case <-deadline:
+			t.Fatal("waiter not woken after its resubscription, 10s after the heal")
+		}
+		h.mu.Lock()
+		w := h.chans[channel]
+		ready := w != nil && w.isReady
+		h.mu.Unlock()
+		if ready {
+			return
+		}
+	}
+}

@@ -1,0 +1,355 @@
+// Package redis is the dlock driver for a single Redis server (or one
+// primary with replicas), built on github.com/redis/go-redis/v9.
+//
+// # URLs
+//
+//	redis://[user:pass@]host:port[/db][?params]
+//	rediss://[user:pass@]host:port[/db]?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem
+//
+// Parameters:
+//
+//   - The lock options of dlock.Options: ttl, refresh, refresh_interval,
+//     retry_min, retry_max, metadata (see dlock.OptionsFromQuery).
+//   - prefix=app: sets Options.KeyPrefix; compat=true sets Options.Compat.
+//   - rediss only: tls_ca (PEM file of CA certificates to trust instead of
+//     the system's), tls_cert and tls_key (PEM files of a client
+//     certificate and its key, both or neither), tls_server_name (the name
+//     to verify the server's certificate against; default the URL's host),
+//     tls_insecure_skip_verify=true (no verification: tests only). go-redis's
+//     own skip_verify is accepted too.
+//   - Everything go-redis's ParseURL accepts: dial_timeout, read_timeout,
+//     write_timeout, pool_size, max_retries, client_name, protocol, …
+//
+// An ACL user needs the scripting commands, the keys ~P* and, for notified
+// waiting, the channels &P* (P the key prefix). Without rights on the
+// channels, locks still work: releases do not announce themselves and waiters
+// poll between RetryMin and RetryMax.
+//
+// Unknown parameters are rejected. Open pings the server, bounded by its ctx,
+// so a wrong address or credential fails there; the Locker then owns the
+// client it made and closes it on Close. The client honours context deadlines
+// (ContextTimeoutEnabled).
+//
+// # Guarantees
+//
+// One Redis node decides: a lease is exclusive while it is valid (until its
+// ValidUntil), because the lock key lives on that node for the TTL and only
+// the token's owner can extend or delete it. Release and Refresh compare the
+// token first, so they never touch another holder's lock, and Refresh never
+// re-creates a lock that expired.
+//
+// What it does not survive:
+//
+//   - Failover: Redis replicates asynchronously, so a replica promoted after
+//     a primary crash may lack a lock that was granted (two holders), or
+//     still have one that was released. Protect the resource with the
+//     fencing token (Lease.Fence). The counter is replicated asynchronously
+//     too, so after a failover it may hand out a token again; a resource
+//     that accepts only tokens above the highest it has seen then refuses
+//     the second holder's writes instead of interleaving them.
+//   - Restart: the test and reference servers run without persistence, so a
+//     restart forgets every lock and every fencing counter (tokens may then
+//     repeat). With AOF (appendonly yes, appendfsync always) locks and
+//     counters survive a restart; Capabilities reports SurvivesRestart false
+//     because that depends on the server's configuration.
+//   - Process pauses: a holder paused (GC, SIGSTOP, a VM migration) past its
+//     ValidUntil may resume believing it holds a lock that expired and was
+//     taken. The lease reports the loss, but only once the process runs
+//     again; pass Lease.Fence to the resource so that it can refuse the stale
+//     holder's writes.
+//
+// Waiting is notified: releases PUBLISH on a channel that waiters subscribe
+// to, over one pub/sub connection per Locker, so a waiter retries as soon as
+// the lock is released. A lock that expires without a release publishes
+// nothing; waiters then retry when the holder's remaining TTL (read with the
+// failed attempt) has passed. Locks are not granted in arrival order.
+//
+// If the pub/sub connection fails, waiters are woken to look again, the
+// connection is replaced and the channels subscribed again; meanwhile they
+// retry at the holder's remaining TTL. A connection that stays silent is
+// found out by PING within seconds.
+//
+// A key without expiry under a lock's name (set by something else) counts as
+// held; waiters then poll it at Options.RetryMax.
+//
+// An attempt cut short by its ctx after the request went out may still have
+// taken the lock; the Locker then removes it in the background with the
+// release script and that attempt's own token, so it does not linger until
+// its TTL (unless the request itself arrives after the removal).
+//
+// # Layout
+//
+// Default layout, with P the key prefix (default "dlock:") and N the lock name:
+//
+//	P{N}            string: the lease token, with the TTL as its expiry
+//	                (SET NX PX); deleted on release
+//	P{N}:fence      integer: the fencing counter, INCRed with every grant in
+//	                the same script as the SET
+//	P{N}:released   pub/sub channel: an empty message on every release,
+//	                PUBLISHed by the release script
+//
+// The braces make N (up to any "}" in it) the hash tag, so a lock and its
+// counter share a cluster slot. The counter persists by design: it is one
+// small key per name ever locked, and it is what makes fencing tokens
+// strictly increase across holders and expiry takeovers. Delete counters only
+// for names no process will lock again.
+//
+// Compat layout (Options.Compat, URL compat=true), with P defaulting to "":
+//
+//	PN              string: the lease token, SET NX PX, compare-and-delete
+//	PN:released     pub/sub channel, as above
+//
+// This is the layout of github.com/go-redsync/redsync/v4 (one pool) and
+// github.com/bsm/redislock, so dlock, redsync and redislock locks on the same
+// name exclude each other. There is no fencing counter, so Capabilities
+// reports no Fencing. redsync and redislock do not publish when they release:
+// a dlock waiter behind one of their locks retries at the holder's remaining
+// TTL.
+//
+// Lock metadata (Options.Metadata) is not stored.
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dlock/dlock"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireLua    string
+	acquireScript = goredis.NewScript(acquireLua)
+
+	//go:embed release.lua
+	releaseLua    string
+	releaseScript = goredis.NewScript(releaseLua)
+
+	//go:embed refresh.lua
+	refreshLua    string
+	refreshScript = goredis.NewScript(refreshLua)
+)
+
+// DefaultKeyPrefix is the key prefix of the default layout.
+const DefaultKeyPrefix = "dlock:"
+
+// MinTTL is the shortest TTL the driver accepts.
+const MinTTL = 10 * time.Millisecond
+
+// Options configure a Locker. A nil *Options means all defaults.
+type Options struct {
+	// Lock holds the Locker's default lock options (URL: ttl, refresh,
+	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
+	// defaults documented on dlock.Options.
+	Lock dlock.Options
+
+	// KeyPrefix starts every key and channel name (URL: prefix=app:).
+	// Default "dlock:", or "" in compat mode.
+	KeyPrefix string
+
+	// Compat selects the layout shared with redsync and redislock: the lock
+	// key is KeyPrefix+name, without fencing (URL: compat=true). Default
+	// false. See the package doc's Layout.
+	Compat bool
+}
+
+// New returns a Locker on the application's client. Closing the Locker does
+// not close the client.
+//
+// The client should have ContextTimeoutEnabled set: the Locker bounds every
+// call with a context, and without it go-redis ignores context deadlines on
+// reads, so a call to an unreachable server blocks until ReadTimeout instead.
+// New works with any UniversalClient; on a cluster the hash-tagged layout
+// keeps each lock's keys in one slot, and the guarantees are those of the
+// shard's primary.
+func New(client goredis.UniversalClient, opts *Options) (dlock.Locker, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
+	}
+	return newLocker(client, opts, false)
+}
+
+func newLocker(client goredis.UniversalClient, opts *Options, ownsClient bool) (dlock.Locker, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	d := &driver{
+		c:          client,
+		prefix:     o.KeyPrefix,
+		compat:     o.Compat,
+		ownsClient: ownsClient,
+	}
+	if d.prefix == "" && !d.compat {
+		d.prefix = DefaultKeyPrefix
+	}
+	d.hub.init(client, confirmTimeout(client))
+	return dlock.New(d, &o.Lock)
+}
+
+// confirmTimeout is how long the pub/sub connection may leave a SUBSCRIBE or
+// PING unanswered before it is taken for dead: the client's read timeout.
+func confirmTimeout(c goredis.UniversalClient) time.Duration {
+	var rt time.Duration
+	switch c := c.(type) {
+	case *goredis.Client:
+		rt = c.Options().ReadTimeout
+	case *goredis.ClusterClient:
+		rt = c.Options().ReadTimeout
+	}
+	if rt <= 0 {
+		rt = 3 * time.Second
+	}
+	return rt
+}
+
+type driver struct {
+	c          goredis.UniversalClient
+	prefix     string
+	compat     bool
+	ownsClient bool
+	hub        hub
+}
+
+func (d *driver) Capabilities() dlock.Capabilities {
+	return dlock.Capabilities{
+		Fencing:      !d.compat,
+		NotifiedWait: true,
+		MinTTL:       MinTTL,
+	}
+}
+
+// keys returns the lock key and, in the default layout, the fencing
+// counter's key, built in one allocation.
+func (d *driver) keys(name string) (lock, fence string) {
+	if d.compat {
+		return d.prefix + name, ""
+	}
+	s := d.prefix + "{" + name + "}:fence"
+	return s[:len(s)-len(":fence")], s
+}
+
+// channel is the pub/sub channel on which releases of name are announced.
+func (d *driver) channel(name string) string {
+	k, _ := d.keys(name)
+	return k + ":released"
+}
+
+// millis rounds ttl up to whole milliseconds: PX cannot say less, and a TTL
+// must never be shortened.
+func millis(ttl time.Duration) int64 {
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
+
+// TryAcquire runs acquire.lua: one round trip whether the lock is free or
+// not. (In the compat layout a plain SET NX PX costs the same when the lock
+// is free, but needs a second round trip for the holder's PTTL when not.)
+func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+	px := millis(req.TTL)
+	lock, fence := d.keys(req.Name)
+	keys := []string{lock, fence}
+	if d.compat {
+		keys = keys[:1]
+	}
+	token := any(req.Token) // boxed once for every call of the lease
+	n, err := acquireScript.Run(ctx, d.c, keys, token, px).Int64()
+	if err != nil {
+		return nil, fmt.Errorf("redis: acquiring %q: %w", lock, err)
+	}
+	if n <= 0 {
+		return nil, busy(n)
+	}
+	g := &dlock.Grant{
+		Handle: &handle{d: d, keys: keys[:1], token: token},
+		TTL:    time.Duration(px) * time.Millisecond,
+	}
+	if !d.compat {
+		g.Fence = uint64(n)
+	}
+	return g, nil
+}
+
+// busy turns acquire.lua's negative or zero reply into a *dlock.BusyError.
+func busy(n int64) error {
+	if n == 0 {
+		return dlock.Busy(0) // no expiry: the holder's remaining time is unknown
+	}
+	ms := -1 - n
+	if ms == 0 {
+		// Less than a millisecond left: retry at once, not at RetryMax.
+		return dlock.Busy(time.Microsecond)
+	}
+	return dlock.Busy(time.Duration(ms) * time.Millisecond)
+}
+
+// Abandon removes the lock if req.Token holds it: the attempt that took it
+// failed on the client's side (ctx ended or the reply was lost after the
+// request went out). It is the release script, so waiters hear of it. An
+// attempt delayed in the network past its abandon still takes the lock,
+// which then lasts until its TTL.
+func (d *driver) Abandon(ctx context.Context, req dlock.Request) error {
+	lock, _ := d.keys(req.Name)
+	if err := releaseScript.Run(ctx, d.c, []string{lock}, req.Token).Err(); err != nil {
+		return fmt.Errorf("redis: abandoning an attempt on %q: %w", lock, err)
+	}
+	return nil
+}
+
+func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	return d.hub.watch(ctx, d.channel(name))
+}
+
+func (d *driver) Close() error {
+	err := d.hub.close()
+	if d.ownsClient {
+		if cerr := d.c.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("redis: closing the client: %w", cerr))
+		}
+	}
+	return err
+}
+
+// handle is one held lease: its key and token.
+type handle struct {
+	d     *driver
+	keys  []string // just the lock key
+	token any      // the lease token, a string
+}
+
+func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	px := millis(ttl)
+	n, err := refreshScript.Run(ctx, h.d.c, h.keys, h.token, px).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("redis: refreshing %q: %w", h.keys[0], err)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("%w: redis: %q does not hold this lease's token", dlock.ErrNotHeld, h.keys[0])
+	}
+	return time.Duration(px) * time.Millisecond, nil
+}
+
+func (h *handle) Release(ctx context.Context) error {
+	n, err := releaseScript.Run(ctx, h.d.c, h.keys, h.token).Int64()
+	if err != nil {
+		return fmt.Errorf("redis: releasing %q: %w", h.keys[0], err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: redis: %q does not hold this lease's token", dlock.ErrNotHeld, h.keys[0])
+	}
+	return nil
+}
+
+func (h *handle) Held(ctx context.Context) (bool, error) {
+	v, err := h.d.c.Get(ctx, h.keys[0]).Result()
+	if errors.Is(err, goredis.Nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("redis: reading %q: %w", h.keys[0], err)
+	}
+	return v == h.token.(string), nil
+}
