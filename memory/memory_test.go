@@ -38,3 +38,7 @@ func (h harness) Residue(_ context.Context, name string) ([]string, error) {
 func TestConformance(t *testing.T) {
 	conformance.RunConfig(t, harness{memory.NewStore()}, conformance.Config{TTL: 300 * time.Millisecond})
 }
+
+func BenchmarkConformance(b *testing.B) {
+	conformance.Benchmark(b, harness{memory.NewStore()})
+}
