@@ -1,27 +1,124 @@
 -- acquire.lua: take a free lock and, in the default layout, count a fencing
--- token, atomically.
+-- token, atomically; in the default layout, also keep the FIFO queue of
+-- waiters: grant in arrival order, hand a lock left free by an expired holder
+-- to the first live waiter, and enqueue or renew the caller when asked to.
 --
--- KEYS[1]  the lock key          <prefix>{<name>}, or <prefix><name> (compat)
--- KEYS[2]  the fencing counter   <prefix>{<name>}:fence (same hash slot);
---          absent in the compat layout, which has no fencing
+-- Compat layout (one key):
+--
+-- KEYS[1]  the lock key          <prefix><name>
 -- ARGV[1]  the lease token, stored as the lock key's value
 -- ARGV[2]  the TTL in milliseconds
 --
 -- Returns an integer:
---   n >= 1   acquired: n is the new fencing token (INCR of KEYS[2]), or 1
---            without KEYS[2]
+--   1        acquired
 --   0        held by someone else, with no expiry (PTTL -1: a foreign key)
 --   n <= -1  held by someone else, whose lock expires in (-n - 1) ms
-if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-	if KEYS[2] then
-		return redis.call("INCR", KEYS[2])
+--
+-- Default layout (four keys, one hash slot):
+--
+-- KEYS[1]  the lock key          <prefix>{<name>}
+-- KEYS[2]  the fencing counter   <prefix>{<name>}:fence
+-- KEYS[3]  the queue             <prefix>{<name>}:queue   ZSET token -> arrival (server µs)
+-- KEYS[4]  the waiter entries    <prefix>{<name>}:waiters HASH token -> "deadline_ms ttl_ms"
+-- ARGV[1]  the lease token
+-- ARGV[2]  the TTL in milliseconds
+-- ARGV[3]  wait_ms: 0 never enqueues (TryAcquire); > 0 enqueues the caller
+--          when the lock is held (keeping its place if it is queued
+--          already) and makes its entry live until now + wait_ms
+--
+-- Returns an array:
+--   {1, fence}              acquired by this call; fence is the new token
+--   {2, fence}              the lock already holds the caller's token: it was
+--                           handed to the caller by an earlier release (or
+--                           expiry takeover); fence is that grant's token
+--   {0, pttl, counter}      busy: pttl is the holder's remaining time in ms
+--                           (-1: no expiry), counter the fencing counter now
+--
+-- The counter is the current holder's fence: every grant SETs the lock and
+-- INCRs the counter in one script, and nothing else changes either.
+--
+-- The release channel KEYS[1] .. ":released" gets "g:<token>:<fence>" when
+-- this script hands the lock to a waiter.
+if not KEYS[2] then
+	if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+		return 1
 	end
-	return 1
+	local pttl = redis.call("PTTL", KEYS[1])
+	if pttl == -1 then
+		return 0
+	end
+	return -1 - math.max(pttl, 0)
+end
+
+local token = ARGV[1]
+local head = redis.call("ZRANGE", KEYS[3], 0, 0)
+if #head == 0 then
+	-- Nobody waits: the common, uncontended case.
+	if redis.call("SET", KEYS[1], token, "NX", "PX", ARGV[2]) then
+		return {1, redis.call("INCR", KEYS[2])}
+	end
+end
+
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cur = redis.call("GET", KEYS[1])
+if cur == token then
+	redis.call("ZREM", KEYS[3], token)
+	redis.call("HDEL", KEYS[4], token)
+	return {2, tonumber(redis.call("GET", KEYS[2]) or "0")}
+end
+
+if not cur then
+	-- Free, with waiters queued: drop dead entries at the head (bounded),
+	-- then grant to the caller if it is first, else hand to the first.
+	local first, firstTTL
+	for _ = 1, 100 do
+		if #head == 0 then
+			break
+		end
+		local e = redis.call("HGET", KEYS[4], head[1])
+		if e then
+			local deadline, ttl = string.match(e, "^(%d+) (%d+)$")
+			if deadline and tonumber(deadline) >= now then
+				first, firstTTL = head[1], ttl
+				break
+			end
+		end
+		redis.call("ZREM", KEYS[3], head[1])
+		redis.call("HDEL", KEYS[4], head[1])
+		head = redis.call("ZRANGE", KEYS[3], 0, 0)
+	end
+	if not first and #head > 0 then
+		-- Too many dead entries for one call: the caller comes back at once.
+		return {0, 0, tonumber(redis.call("GET", KEYS[2]) or "0")}
+	end
+	if not first or first == token then
+		redis.call("SET", KEYS[1], token, "PX", ARGV[2])
+		redis.call("ZREM", KEYS[3], token)
+		redis.call("HDEL", KEYS[4], token)
+		return {1, redis.call("INCR", KEYS[2])}
+	end
+	redis.call("SET", KEYS[1], first, "PX", firstTTL)
+	local f = redis.call("INCR", KEYS[2])
+	redis.call("ZREM", KEYS[3], first)
+	redis.call("HDEL", KEYS[4], first)
+	redis.pcall("PUBLISH", KEYS[1] .. ":released", string.format("g:%s:%d", first, f))
+end
+
+local wait = tonumber(ARGV[3])
+if wait > 0 then
+	redis.call("ZADD", KEYS[3], "NX", string.format("%d", tonumber(t[1]) * 1000000 + tonumber(t[2])), token)
+	redis.call("HSET", KEYS[4], token, string.format("%d %s", now + wait, ARGV[2]))
+	-- The keys outlive every entry's deadline, so that entries of dead
+	-- waiters vanish with them even if no one comes to clean up.
+	for k = 3, 4 do
+		if redis.call("PTTL", KEYS[k]) < wait then
+			redis.call("PEXPIRE", KEYS[k], wait)
+		end
+	end
 end
 local pttl = redis.call("PTTL", KEYS[1])
-if pttl == -1 then
-	return 0
+if pttl < -1 then
+	pttl = 0
 end
--- The script runs atomically, so the key cannot have vanished since the
--- SET; clamp anyway.
-return -1 - math.max(pttl, 0)
+return {0, pttl, tonumber(redis.call("GET", KEYS[2]) or "0")}

@@ -40,17 +40,25 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker,
 	return l, p
 }
 
-// Residue reports the lock key (the fence counter persists by design).
+// Residue reports the lock key and, in the default layout, the queue and
+// the waiter entries (the fence counter persists by design).
 func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
-	key := redis.DefaultKeyPrefix + "{" + name + "}"
+	lock := redis.DefaultKeyPrefix + "{" + name + "}"
+	keys := []string{lock, lock + ":queue", lock + ":waiters"}
 	if h.compat {
-		key = name
+		keys = []string{name}
 	}
-	n, err := h.raw.Exists(ctx, key).Result()
-	if err != nil || n == 0 {
-		return nil, err
+	var left []string
+	for _, k := range keys {
+		n, err := h.raw.Exists(ctx, k).Result()
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			left = append(left, k)
+		}
 	}
-	return []string{key}, nil
+	return left, nil
 }
 
 func newHarness(t *testing.T, compat bool) harness {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,9 +27,25 @@ const (
 // for tests).
 var pingIdle = 10 * time.Second
 
+const (
+	// defaultLinger is how long a channel stays subscribed after its last
+	// waiter left, so that a name locked in a loop does not pay a SUBSCRIBE
+	// round trip (and an UNSUBSCRIBE) for every wait.
+	defaultLinger = 2 * time.Second
+	// maxLingering bounds the channels kept subscribed without waiters; past
+	// it, a channel whose last waiter leaves is unsubscribed at once.
+	maxLingering = 1024
+)
+
 // hub shares one pub/sub connection among all the waiters of a Locker. Each
-// release channel is subscribed while at least one waiter watches it; a
-// waiter's Watch returns once the server has confirmed that subscription.
+// release channel is subscribed while at least one waiter watches it, and
+// for linger after the last one left (at most maxLingering channels linger);
+// a waiter's Watch returns once the server has confirmed that subscription.
+//
+// Messages are routed: "g:<token>:<fence>" (a lock handed to the waiter of
+// that token by the queue scripts) reaches only the waiter watching with that
+// token, which learns the fence; any other message wakes every waiter of the
+// channel.
 //
 // Two goroutines, started at the first Watch and stopped by close: the
 // writer sends SUBSCRIBE and UNSUBSCRIBE for the channels whose wanted state
@@ -50,6 +68,7 @@ var pingIdle = 10 * time.Second
 type hub struct {
 	client         goredis.UniversalClient
 	confirmTimeout time.Duration
+	linger         time.Duration // zero: unsubscribe as soon as the last waiter leaves
 
 	mu          sync.Mutex
 	started     bool
@@ -65,6 +84,8 @@ type hub struct {
 	waitingFrom time.Time             // since when an answer is awaited, when outstanding > 0
 	subscribed  int                   // channels whose last command this epoch was SUBSCRIBE
 	lastHeard   time.Time             // last reply this epoch
+	lingering   int                   // channels with lingerUntil set
+	lingerTimer *time.Timer           // wakes the writer to drop lingering channels
 
 	kick   chan struct{} // 1-buffered: the writer has work
 	active chan struct{} // 1-buffered: the receive loop has something to read
@@ -73,18 +94,42 @@ type hub struct {
 
 // watched is the state of one release channel.
 type watched struct {
-	name       string
-	waiters    map[chan struct{}]struct{}
-	subscribed bool          // the last command sent this epoch was SUBSCRIBE
-	pending    int           // commands sent this epoch and not yet confirmed
-	ready      chan struct{} // closed when subscribed and confirmed this epoch
-	isReady    bool
-	rewake     bool // wake the waiters when confirmed again after an epoch ended
+	name        string
+	waiters     map[*watcher]struct{}
+	tokens      map[string]*watcher // the waiters that watch with a token
+	lingerUntil time.Time           // not zero: subscribed without waiters until then
+	subscribed  bool                // the last command sent this epoch was SUBSCRIBE
+	pending     int                 // commands sent this epoch and not yet confirmed
+	ready       chan struct{}       // closed when subscribed and confirmed this epoch
+	isReady     bool
+	rewake      bool // wake the waiters when confirmed again after an epoch ended
+}
+
+// watcher is one waiter's registration on a channel.
+type watcher struct {
+	h     *hub
+	w     *watched
+	token string        // "" for a plain watch
+	c     chan struct{} // 1-buffered: look again
+	fence uint64        // from a grant message to token, h.mu held; 0: none
+	once  sync.Once
+}
+
+// stop ends the watch; it may be called more than once.
+func (x *watcher) stop() { x.once.Do(func() { x.h.unwatch(x) }) }
+
+// granted returns the highest fence of the grant messages to the watcher's
+// token received so far (0: none).
+func (x *watcher) granted() uint64 {
+	x.h.mu.Lock()
+	defer x.h.mu.Unlock()
+	return x.fence
 }
 
 func (h *hub) init(client goredis.UniversalClient, confirmTimeout time.Duration) {
 	h.client = client
 	h.confirmTimeout = confirmTimeout
+	h.linger = defaultLinger
 	h.chans = map[string]*watched{}
 	h.dirty = map[*watched]struct{}{}
 	h.broken = make(chan struct{})
@@ -97,10 +142,29 @@ func (h *hub) init(client goredis.UniversalClient, confirmTimeout time.Duration)
 // confirmed the subscription, the connection failed (an error: the caller
 // falls back to polling and may watch again), ctx ended or the hub closed.
 func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	x, err := h.watchToken(ctx, channel, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	return x.c, x.stop, nil
+}
+
+// ready reports whether channel is subscribed and confirmed now (a watch of
+// it would return at once).
+func (h *hub) ready(channel string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.chans[channel]
+	return w != nil && w.isReady
+}
+
+// watchToken is watch for the waiter of token: grant messages to token reach
+// it (and only it).
+func (h *hub) watchToken(ctx context.Context, channel, token string) (*watcher, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return nil, nil, dlock.ErrClosed
+		return nil, dlock.ErrClosed
 	}
 	if !h.started {
 		h.started = true
@@ -111,40 +175,90 @@ func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(
 	}
 	w := h.chans[channel]
 	if w == nil {
-		w = &watched{name: channel, waiters: map[chan struct{}]struct{}{}, ready: make(chan struct{})}
+		w = &watched{name: channel, waiters: map[*watcher]struct{}{}, tokens: map[string]*watcher{}, ready: make(chan struct{})}
 		h.chans[channel] = w
 	}
-	c := make(chan struct{}, 1)
-	w.waiters[c] = struct{}{}
+	x := &watcher{h: h, w: w, token: token, c: make(chan struct{}, 1)}
+	w.waiters[x] = struct{}{}
+	if token != "" {
+		w.tokens[token] = x
+	}
+	h.stopLinger(w)
 	if len(w.waiters) == 1 {
 		h.markDirty(w)
 	}
 	ready, broken := w.ready, h.broken
 	h.mu.Unlock()
 
-	var once sync.Once
-	stop := func() { once.Do(func() { h.unwatch(w, c) }) }
 	select {
 	case <-ready:
-		return c, stop, nil
+		return x, nil
 	case <-broken:
-		stop()
-		return nil, nil, fmt.Errorf("redis: subscribing to %q: the pub/sub connection failed", channel)
+		x.stop()
+		return nil, fmt.Errorf("redis: subscribing to %q: the pub/sub connection failed", channel)
 	case <-ctx.Done():
-		stop()
-		return nil, nil, ctx.Err()
+		x.stop()
+		return nil, ctx.Err()
 	case <-h.ctx.Done():
-		stop()
-		return nil, nil, dlock.ErrClosed
+		x.stop()
+		return nil, dlock.ErrClosed
 	}
 }
 
-func (h *hub) unwatch(w *watched, c chan struct{}) {
+func (h *hub) unwatch(x *watcher) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	delete(w.waiters, c)
-	if len(w.waiters) == 0 && !h.closed {
-		h.markDirty(w)
+	w := x.w
+	delete(w.waiters, x)
+	if x.token != "" && w.tokens[x.token] == x {
+		delete(w.tokens, x.token)
+	}
+	if len(w.waiters) > 0 || h.closed {
+		return
+	}
+	// Linger only on a confirmed subscription: one still being set up (or
+	// torn down) is left to the writer, as is everything past the cap.
+	if h.linger > 0 && w.isReady && h.lingering < maxLingering {
+		w.lingerUntil = time.Now().Add(h.linger)
+		h.lingering++
+		if h.lingerTimer == nil {
+			h.lingerTimer = time.AfterFunc(h.linger, func() { signal(h.kick) })
+		} else if h.lingering == 1 {
+			h.lingerTimer.Reset(h.linger)
+		}
+		return
+	}
+	h.markDirty(w)
+}
+
+// stopLinger ends w's lingering, if it lingers; h.mu held.
+func (h *hub) stopLinger(w *watched) {
+	if !w.lingerUntil.IsZero() {
+		w.lingerUntil = time.Time{}
+		h.lingering--
+	}
+}
+
+// expireLingering marks for unsubscription the channels whose linger has
+// passed and rearms the timer for the others; h.mu held.
+func (h *hub) expireLingering(now time.Time) {
+	if h.lingering == 0 {
+		return
+	}
+	var next time.Time
+	for _, w := range h.chans {
+		if w.lingerUntil.IsZero() {
+			continue
+		}
+		if !w.lingerUntil.After(now) {
+			h.stopLinger(w)
+			h.markDirty(w)
+		} else if next.IsZero() || w.lingerUntil.Before(next) {
+			next = w.lingerUntil
+		}
+	}
+	if !next.IsZero() && h.lingerTimer != nil {
+		h.lingerTimer.Reset(next.Sub(now))
 	}
 }
 
@@ -191,9 +305,10 @@ func (h *hub) flush() error {
 		h.mu.Unlock()
 		return nil
 	}
+	h.expireLingering(time.Now())
 	var subs, unsubs []string
 	for w := range h.dirty {
-		want := len(w.waiters) > 0
+		want := len(w.waiters) > 0 || !w.lingerUntil.IsZero()
 		switch {
 		case want && !w.subscribed:
 			subs = append(subs, w.name)
@@ -253,7 +368,7 @@ func (w *watched) unready() {
 
 // forgetIfIdle drops w when nothing refers to it any more; h.mu held.
 func (h *hub) forgetIfIdle(w *watched) {
-	if len(w.waiters) == 0 && !w.subscribed && w.pending == 0 {
+	if len(w.waiters) == 0 && w.lingerUntil.IsZero() && !w.subscribed && w.pending == 0 {
 		if h.chans[w.name] == w {
 			delete(h.chans, w.name)
 		}
@@ -317,9 +432,18 @@ func (h *hub) received(epoch uint64, msg any) {
 	h.lastHeard = now
 	switch m := msg.(type) {
 	case *goredis.Message:
-		if w := h.chans[m.Channel]; w != nil {
-			w.wake()
+		w := h.chans[m.Channel]
+		if w == nil {
+			return
 		}
+		if token, fence, ok := parseGrant(m.Payload); ok {
+			if x := w.tokens[token]; x != nil {
+				x.fence = max(x.fence, fence)
+				signal(x.c)
+			}
+			return // a grant to another waiter: the lock is held again
+		}
+		w.wake()
 	case *goredis.Subscription:
 		w := h.chans[m.Channel]
 		if w == nil || w.pending == 0 {
@@ -351,9 +475,26 @@ func (h *hub) answered(now time.Time) {
 
 // wake tells every waiter of w to try again; h.mu held.
 func (w *watched) wake() {
-	for c := range w.waiters {
-		signal(c)
+	for x := range w.waiters {
+		signal(x.c)
 	}
+}
+
+// parseGrant reads a grant message, "g:<token>:<fence>".
+func parseGrant(payload string) (token string, fence uint64, ok bool) {
+	rest, ok := strings.CutPrefix(payload, "g:")
+	if !ok {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 {
+		return "", 0, false
+	}
+	f, err := strconv.ParseUint(rest[i+1:], 10, 64)
+	if err != nil || f == 0 {
+		return "", 0, false
+	}
+	return rest[:i], f, true
 }
 
 // check runs when a read timed out: it ends the epoch if an answer is
@@ -403,6 +544,7 @@ func (h *hub) endEpoch(epoch uint64) bool {
 	for _, w := range h.chans {
 		w.subscribed, w.pending = false, 0
 		w.unready()
+		h.stopLinger(w)
 		if len(w.waiters) > 0 {
 			w.rewake = true
 			w.wake()
@@ -425,6 +567,9 @@ func (h *hub) close() error {
 	}
 	h.closed = true
 	h.cancel()
+	if h.lingerTimer != nil {
+		h.lingerTimer.Stop()
+	}
 	ps := h.ps
 	h.mu.Unlock()
 	var err error

@@ -16,6 +16,7 @@ func newHub(t *testing.T, addr string, confirm time.Duration) *hub {
 	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: confirm})
 	h := &hub{}
 	h.init(c, confirm)
+	h.linger = 0 // tests of subscription mechanics; TestLinger sets it
 	t.Cleanup(func() {
 		if err := h.close(); err != nil {
 			t.Errorf("hub close: %v", err)
@@ -244,5 +245,134 @@ func TestSilentConnectionPinged(t *testing.T) {
 		if ready {
 			return
 		}
+	}
+}
+
+// Grant messages reach only the waiter watching with their token, which
+// learns the fence; other messages wake every waiter of the channel.
+func TestGrantRouting(t *testing.T) {
+	addr := servers.Require(t, servers.Redis).Addr()
+	raw := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer raw.Close()
+	h := newHub(t, addr, 3*time.Second)
+	ctx := context.Background()
+	channel := "dlocktest:hub:" + time.Now().Format("150405.000000")
+	a, err := h.watchToken(ctx, channel, "aaaa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.stop()
+	b, err := h.watchToken(ctx, channel, "bbbb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.stop()
+	plain, stop, err := h.watch(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	raw.Publish(ctx, channel, "g:aaaa:5")
+	select {
+	case <-a.c:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the grant did not reach its waiter")
+	}
+	if f := a.granted(); f != 5 {
+		t.Errorf("granted() = %d, want 5", f)
+	}
+	// The message was handled whole when a was signalled.
+	select {
+	case <-b.c:
+		t.Error("a grant to another token woke a waiter")
+	case <-plain:
+		t.Error("a grant woke a plain watch")
+	default:
+	}
+	raw.Publish(ctx, channel, "")
+	for _, c := range []chan struct{}{b.c, a.c} {
+		select {
+		case <-c:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a plain message did not wake every waiter")
+		}
+	}
+	select {
+	case <-plain:
+	default:
+		t.Fatal("a plain message did not wake the plain watch")
+	}
+	if f := b.granted(); f != 0 {
+		t.Errorf("granted() = %d for a token that got no grant", f)
+	}
+	for _, tc := range []struct {
+		in    string
+		token string
+		fence uint64
+		ok    bool
+	}{
+		{"g:ab:12", "ab", 12, true},
+		{"", "", 0, false},
+		{"g:ab", "", 0, false},
+		{"g:ab:0", "", 0, false},
+		{"g:ab:x", "", 0, false},
+		{"x:ab:1", "", 0, false},
+	} {
+		token, fence, ok := parseGrant(tc.in)
+		if token != tc.token || fence != tc.fence || ok != tc.ok {
+			t.Errorf("parseGrant(%q) = %q, %d, %v; want %q, %d, %v", tc.in, token, fence, ok, tc.token, tc.fence, tc.ok)
+		}
+	}
+}
+
+// A channel stays subscribed for the linger time after its last waiter
+// left, so that watching it again costs no SUBSCRIBE; then it is dropped.
+func TestLinger(t *testing.T) {
+	addr := servers.Require(t, servers.Redis).Addr()
+	raw := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer raw.Close()
+	h := newHub(t, addr, 3*time.Second)
+	h.linger = 300 * time.Millisecond
+	ctx := context.Background()
+	channel := "dlocktest:hub:" + time.Now().Format("150405.000000")
+	_, stop, err := h.watch(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if !h.ready(channel) {
+		t.Fatal("the channel was not kept after its last waiter left")
+	}
+	h.mu.Lock()
+	outstanding := h.outstanding
+	h.mu.Unlock()
+	for range 10 {
+		_, stop, err := h.watch(ctx, channel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop()
+	}
+	h.mu.Lock()
+	if h.outstanding != outstanding || h.lingering != 1 {
+		t.Errorf("watching a lingering channel sent commands (%d outstanding, was %d) or lingering = %d, want 1", h.outstanding, outstanding, h.lingering)
+	}
+	h.mu.Unlock()
+	if n := numSub(t, raw, channel); n != 1 {
+		t.Fatalf("%d subscriptions while lingering, want 1", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h.mu.Lock()
+		left, lingering := len(h.chans), h.lingering
+		h.mu.Unlock()
+		if left == 0 && lingering == 0 && numSub(t, raw, channel) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d channels (%d lingering) and %d subscriptions 5s after a 300ms linger", left, lingering, numSub(t, raw, channel))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

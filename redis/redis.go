@@ -58,19 +58,42 @@
 //     again; pass Lease.Fence to the resource so that it can refuse the stale
 //     holder's writes.
 //
-// Waiting is notified: releases PUBLISH on a channel that waiters subscribe
-// to, over one pub/sub connection per Locker, so a waiter retries as soon as
-// the lock is released. A lock that expires without a release publishes
-// nothing; waiters then retry when the holder's remaining TTL (read with the
-// failed attempt) has passed. Locks are not granted in arrival order.
+// Default layout: waiting is a FIFO queue on the server (Capabilities.FIFO).
+// A waiter enqueues itself (in the order the server sees its requests) and
+// keeps its entry alive; a release hands the lock straight to the first
+// live waiter (the release script sets the lock to that waiter's token and
+// counts its fence) and PUBLISHes a grant message that only that waiter
+// acts on: no herd, and no further round trip before the waiter holds it.
+// A holder that expires without releasing is taken over by the first live
+// waiter, whichever waiter (or TryAcquire) finds the lock free first: a
+// TryAcquire never takes a lock ahead of a live waiter, and never enqueues.
+// A waiter whose ctx ends leaves the queue (and passes on a lock handed to it
+// meanwhile) before Acquire returns, waiting up to 250ms for the server.
+// A dead waiter (crashed, partitioned) is skipped once its entry has
+// expired; until then a release may hand it the lock, which then stays idle
+// for that lock's TTL plus at most a third of the next waiter's entry
+// lifetime (see Layout). Fencing tokens count every handoff.
 //
-// If the pub/sub connection fails, waiters are woken to look again, the
-// connection is replaced and the channels subscribed again; meanwhile they
-// retry at the holder's remaining TTL. A connection that stays silent is
-// found out by PING within seconds.
+// Compat layout: waiting is notified: releases PUBLISH on a channel that
+// waiters subscribe to, so a waiter retries as soon as the lock is released.
+// A lock that expires without a release publishes nothing; waiters then
+// retry when the holder's remaining TTL (read with the failed attempt) has
+// passed. Locks are not granted in arrival order.
+//
+// Both use one pub/sub connection per Locker. A release channel stays
+// subscribed for 2s after its last waiter left (at most 1024 channels at a
+// time), so that a name taken in a loop costs no SUBSCRIBE per wait. If the
+// connection fails, waiters are woken to look again (a default-layout waiter
+// finds there a lock handed to it meanwhile), the connection is replaced and
+// the channels subscribed again; meanwhile they retry at the holder's
+// remaining TTL. A connection that stays silent is found out by PING within
+// seconds. A default-layout waiter that cannot subscribe at all (no rights on
+// the channel) stays queued and runs the acquire script at least every
+// 200ms to find a lock handed to it.
 //
 // A key without expiry under a lock's name (set by something else) counts as
-// held; waiters then poll it at Options.RetryMax.
+// held; compat waiters then poll it at Options.RetryMax, default-layout
+// waiters at the renewal interval of their entry.
 //
 // An attempt cut short by its ctx after the request went out may still have
 // taken the lock; the Locker then removes it in the background with the
@@ -85,11 +108,30 @@
 //	                (SET NX PX); deleted on release
 //	P{N}:fence      integer: the fencing counter, INCRed with every grant in
 //	                the same script as the SET
-//	P{N}:released   pub/sub channel: an empty message on every release,
-//	                PUBLISHed by the release script
+//	P{N}:queue      sorted set: the waiting tokens, scored by arrival (the
+//	                server's TIME in µs at the first enqueue; renewals keep
+//	                the place)
+//	P{N}:waiters    hash: token -> "deadline_ms ttl_ms", a waiter's entry:
+//	                live until deadline (server time), renewed by the
+//	                waiter; the TTL is the one the waiter asked for
+//	P{N}:released   pub/sub channel: "g:<token>:<fence>" when a release or
+//	                an expiry takeover hands the lock to a waiter, an empty
+//	                message on a release with nobody (live) queued
 //
-// The braces make N (up to any "}" in it) the hash tag, so a lock and its
-// counter share a cluster slot. The counter persists by design: it is one
+// A waiter's entry lives lifetime = max(TTL, 1s) after its last renewal;
+// waiting, it renews it at least every lifetime/3. Dead entries are dropped
+// when they reach the head of the queue. The queue and the hash vanish when
+// their last entry is removed (Redis deletes empty sets and hashes), and
+// carry an expiry at least as late as every entry's deadline, so entries
+// of waiters that died vanish even when no one comes to remove them.
+//
+// The counter's value is always the current holder's fence (every grant
+// SETs the lock and INCRs the counter in one script, nothing else changes
+// either): a waiter that missed its grant message finds the lock holding
+// its token and reads its fence there.
+//
+// The braces make N (up to any "}" in it) the hash tag, so a lock, its
+// counter and its queue share a cluster slot. The counter persists by design: it is one
 // small key per name ever locked, and it is what makes fencing tokens
 // strictly increase across holders and expiry takeovers. Delete counters only
 // for names no process will lock again.
@@ -114,6 +156,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -188,7 +231,10 @@ func newLocker(client goredis.UniversalClient, opts *Options, ownsClient bool) (
 		d.prefix = DefaultKeyPrefix
 	}
 	d.hub.init(client, confirmTimeout(client))
-	return dlock.New(d, &o.Lock)
+	if d.compat {
+		return dlock.New(d, &o.Lock)
+	}
+	return dlock.New(&queueDriver{d}, &o.Lock)
 }
 
 // confirmTimeout is how long the pub/sub connection may leave a SUBSCRIBE or
@@ -213,30 +259,32 @@ type driver struct {
 	compat     bool
 	ownsClient bool
 	hub        hub
+	bg         sync.WaitGroup // leaves still running after their Acquire returned
 }
 
 func (d *driver) Capabilities() dlock.Capabilities {
 	return dlock.Capabilities{
 		Fencing:      !d.compat,
+		FIFO:         !d.compat,
 		NotifiedWait: true,
 		MinTTL:       MinTTL,
 	}
 }
 
-// keys returns the lock key and, in the default layout, the fencing
-// counter's key, built in one allocation.
-func (d *driver) keys(name string) (lock, fence string) {
+// keys returns the keys of name: in the compat layout just the lock key; in
+// the default layout the lock, the fencing counter, the queue and the waiter
+// entries, in the order the scripts take them.
+func (d *driver) keys(name string) []string {
 	if d.compat {
-		return d.prefix + name, ""
+		return []string{d.prefix + name}
 	}
-	s := d.prefix + "{" + name + "}:fence"
-	return s[:len(s)-len(":fence")], s
+	lock := d.prefix + "{" + name + "}"
+	return []string{lock, lock + ":fence", lock + ":queue", lock + ":waiters"}
 }
 
 // channel is the pub/sub channel on which releases of name are announced.
 func (d *driver) channel(name string) string {
-	k, _ := d.keys(name)
-	return k + ":released"
+	return d.keys(name)[0] + ":released"
 }
 
 // millis rounds ttl up to whole milliseconds: PX cannot say less, and a TTL
@@ -249,28 +297,35 @@ func millis(ttl time.Duration) int64 {
 // not. (In the compat layout a plain SET NX PX costs the same when the lock
 // is free, but needs a second round trip for the holder's PTTL when not.)
 func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
-	px := millis(req.TTL)
-	lock, fence := d.keys(req.Name)
-	keys := []string{lock, fence}
-	if d.compat {
-		keys = keys[:1]
-	}
+	keys := d.keys(req.Name)
 	token := any(req.Token) // boxed once for every call of the lease
-	n, err := acquireScript.Run(ctx, d.c, keys, token, px).Int64()
+	if d.compat {
+		px := millis(req.TTL)
+		n, err := acquireScript.Run(ctx, d.c, keys, token, px).Int64()
+		if err != nil {
+			return nil, fmt.Errorf("redis: acquiring %q: %w", keys[0], err)
+		}
+		if n <= 0 {
+			return nil, busy(n)
+		}
+		return d.grant(keys, token, px, 0), nil
+	}
+	r, err := d.acquire(ctx, keys, token, req.TTL, 0)
 	if err != nil {
-		return nil, fmt.Errorf("redis: acquiring %q: %w", lock, err)
+		return nil, err
 	}
-	if n <= 0 {
-		return nil, busy(n)
+	if r.kind == replyBusy {
+		return nil, busy(r.busy)
 	}
-	g := &dlock.Grant{
-		Handle: &handle{d: d, keys: keys[:1], token: token},
+	return d.grant(keys, token, r.px, r.fence), nil
+}
+
+func (d *driver) grant(keys []string, token any, px int64, fence uint64) *dlock.Grant {
+	return &dlock.Grant{
+		Handle: &handle{d: d, keys: keys, token: token},
 		TTL:    time.Duration(px) * time.Millisecond,
+		Fence:  fence,
 	}
-	if !d.compat {
-		g.Fence = uint64(n)
-	}
-	return g, nil
 }
 
 // busy turns acquire.lua's negative or zero reply into a *dlock.BusyError.
@@ -292,9 +347,9 @@ func busy(n int64) error {
 // attempt delayed in the network past its abandon still takes the lock,
 // which then lasts until its TTL.
 func (d *driver) Abandon(ctx context.Context, req dlock.Request) error {
-	lock, _ := d.keys(req.Name)
-	if err := releaseScript.Run(ctx, d.c, []string{lock}, req.Token).Err(); err != nil {
-		return fmt.Errorf("redis: abandoning an attempt on %q: %w", lock, err)
+	keys := d.keys(req.Name)
+	if err := releaseScript.Run(ctx, d.c, keys, req.Token).Err(); err != nil {
+		return fmt.Errorf("redis: abandoning an attempt on %q: %w", keys[0], err)
 	}
 	return nil
 }
@@ -304,6 +359,7 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 }
 
 func (d *driver) Close() error {
+	d.bg.Wait() // bounded by leaveTimeout
 	err := d.hub.close()
 	if d.ownsClient {
 		if cerr := d.c.Close(); cerr != nil {
@@ -313,16 +369,16 @@ func (d *driver) Close() error {
 	return err
 }
 
-// handle is one held lease: its key and token.
+// handle is one held lease: its keys and token.
 type handle struct {
 	d     *driver
-	keys  []string // just the lock key
+	keys  []string // the layout's keys, lock key first
 	token any      // the lease token, a string
 }
 
 func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	px := millis(ttl)
-	n, err := refreshScript.Run(ctx, h.d.c, h.keys, h.token, px).Int64()
+	n, err := refreshScript.Run(ctx, h.d.c, h.keys[:1], h.token, px).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("redis: refreshing %q: %w", h.keys[0], err)
 	}

@@ -119,18 +119,31 @@ func testCtx(t *testing.T) context.Context {
 }
 
 // attempts counts acquisition attempts on one lock key seen by a client:
-// runs of acquire.lua on that key, by distinct token (an EVALSHA answered
-// NOSCRIPT and its EVAL are one attempt).
+// runs of acquire.lua on that key (an EVALSHA answered NOSCRIPT and its EVAL
+// are one attempt), with the time each was sent.
 type attempts struct {
-	key    string
-	mu     sync.Mutex
-	tokens map[any]struct{}
+	key  string
+	mu   sync.Mutex
+	sent []time.Time
 }
 
 func (a *attempts) count() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.tokens)
+	return len(a.sent)
+}
+
+// since counts the attempts sent at or after t.
+func (a *attempts) since(t time.Time) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, s := range a.sent {
+		if !s.Before(t) {
+			n++
+		}
+	}
+	return n
 }
 
 func (a *attempts) DialHook(next goredis.DialHook) goredis.DialHook { return next }
@@ -143,12 +156,14 @@ func (a *attempts) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 		args := cmd.Args()
 		if n := strings.ToLower(cmd.Name()); (n == "evalsha" || n == "eval") && len(args) > 4 && args[3] == a.key {
 			if src := fmt.Sprint(args[1]); src == acquireSHA || strings.Contains(src, "acquire.lua") {
-				a.mu.Lock()
-				if a.tokens == nil {
-					a.tokens = map[any]struct{}{}
+				sent := time.Now()
+				err := next(ctx, cmd)
+				if err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+					a.mu.Lock()
+					a.sent = append(a.sent, sent)
+					a.mu.Unlock()
 				}
-				a.tokens[args[len(args)-2]] = struct{}{}
-				a.mu.Unlock()
+				return err
 			}
 		}
 		return next(ctx, cmd)

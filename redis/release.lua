@@ -1,17 +1,69 @@
 -- release.lua: delete the lock only if it is still this lease's, and tell
--- waiters.
+-- waiters; in the default layout, also leave the queue and hand the lock to
+-- the first live waiter.
 --
 -- KEYS[1]  the lock key
+-- KEYS[2]  default layout only: the fencing counter   <prefix>{<name>}:fence
+-- KEYS[3]  default layout only: the queue             <prefix>{<name>}:queue
+-- KEYS[4]  default layout only: the waiter entries    <prefix>{<name>}:waiters
 -- ARGV[1]  the lease token
 --
--- Publishes an empty message on KEYS[1] .. ":released" when it deletes; a
--- failed PUBLISH (an ACL user without rights on the channel) does not fail
+-- Compat layout: publishes an empty message on KEYS[1] .. ":released" when
+-- it deletes.
+--
+-- Default layout: removes the token's own queue entry, if any, so the same
+-- script is also how a cancelled waiter leaves the queue (and gives back a
+-- lock handed to it meanwhile). When it deletes the lock it pops the
+-- first live waiter (deadline not passed; dead entries on the way are
+-- dropped), sets the lock to that waiter's token with its TTL, INCRs the
+-- counter and publishes "g:<token>:<fence>"; with no live waiter it
+-- publishes an empty message, as in the compat layout.
+--
+-- A failed PUBLISH (an ACL user without rights on the channel) does not fail
 -- the release, which has happened by then: waiters fall back to polling.
--- Returns 1 when the key held the token and was deleted, 0 otherwise (gone,
--- or another owner's).
-if redis.call("GET", KEYS[1]) == ARGV[1] then
-	redis.call("DEL", KEYS[1])
-	redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
-	return 1
+-- Returns 1 when the key held the token and was deleted (or handed on), 0
+-- otherwise (gone, or another owner's).
+local held = redis.call("GET", KEYS[1]) == ARGV[1]
+if not KEYS[2] then
+	if held then
+		redis.call("DEL", KEYS[1])
+		redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
+		return 1
+	end
+	return 0
 end
-return 0
+
+if not held then
+	redis.call("ZREM", KEYS[3], ARGV[1])
+	redis.call("HDEL", KEYS[4], ARGV[1])
+	return 0
+end
+-- A holder has no entry: every grant removes the grantee's (acquire.lua
+-- when it grants the caller, the handoffs when they pop the head).
+local head = redis.call("ZRANGE", KEYS[3], 0, 0)
+if #head > 0 then
+	local t = redis.call("TIME")
+	local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	for _ = 1, 100 do
+		if #head == 0 then
+			break
+		end
+		local w = head[1]
+		local e = redis.call("HGET", KEYS[4], w)
+		redis.call("ZREM", KEYS[3], w)
+		redis.call("HDEL", KEYS[4], w)
+		if e then
+			local deadline, ttl = string.match(e, "^(%d+) (%d+)$")
+			if deadline and tonumber(deadline) >= now then
+				redis.call("SET", KEYS[1], w, "PX", ttl)
+				local f = redis.call("INCR", KEYS[2])
+				redis.pcall("PUBLISH", KEYS[1] .. ":released", string.format("g:%s:%d", w, f))
+				return 1
+			end
+		end
+		head = redis.call("ZRANGE", KEYS[3], 0, 0)
+	end
+end
+redis.call("DEL", KEYS[1])
+redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
+return 1
