@@ -11,13 +11,6 @@ import (
 	"github.com/dlock/dlock"
 )
 
-func needFencing(c dlock.Capabilities) string {
-	if !c.Fencing {
-		return "Fencing"
-	}
-	return ""
-}
-
 var tests = []testCase{
 	// Several lockers × many rounds on one name: no two leases are ever
 	// inside their validity at once, and fencing tokens follow grant order.
@@ -67,9 +60,9 @@ var tests = []testCase{
 	// A refresh that the network delays until after the lock expired and
 	// was taken over does not revive or extend the old holder's lock.
 	{name: "DelayedRefreshDoesNotRevive", fn: testDelayedRefresh},
-	// Fencing tokens strictly increase across holders, releases and expiry
-	// takeovers.
-	{name: "FencingIncreases", need: needFencing, fn: testFencing},
+	// With Fencing declared, tokens strictly increase across holders,
+	// releases and expiry takeovers; without it, no lease claims a token.
+	{name: "Fencing", fn: testFencing},
 	// Different names are independent; one locker holds many; Close
 	// releases them all and ends pending waits with ErrClosed.
 	{name: "IsolationAndClose", fn: testIsolationAndClose},
@@ -482,6 +475,15 @@ func testRetriedRelease(s *suite) {
 }
 
 func testFencing(s *suite) {
+	if !s.caps.Fencing {
+		a, _ := s.locker(s.opts())
+		ls := s.acquire(a, s.name(), nil)
+		if f, ok := ls.Fence(); ok {
+			s.t.Fatalf("Fence() = %d, true from a driver that does not declare Fencing", f)
+		}
+		s.release(ls)
+		return
+	}
 	a, _ := s.locker(s.opts())
 	b, _ := s.locker(s.opts(noRefresh))
 	c, _ := s.locker(s.opts())
