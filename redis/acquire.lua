@@ -51,13 +51,13 @@ if not KEYS[2] then
 end
 
 local token = ARGV[1]
-local head = redis.call("ZRANGE", KEYS[3], 0, 0)
-if #head == 0 then
+if redis.call("EXISTS", KEYS[3]) == 0 then
 	-- Nobody waits: the common, uncontended case.
 	if redis.call("SET", KEYS[1], token, "NX", "PX", ARGV[2]) then
 		return {1, redis.call("INCR", KEYS[2])}
 	end
 end
+local head = redis.call("ZRANGE", KEYS[3], 0, 0)
 
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
