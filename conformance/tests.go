@@ -397,15 +397,21 @@ func testWatchdogKeepsLease(s *suite) {
 	b, _ := s.locker(s.opts())
 	name := s.name()
 	ls := s.acquire(a, name, nil)
-	end := time.Now().Add(3 * s.cfg.TTL)
-	for time.Now().Before(end) {
-		if _, err := b.TryAcquire(s.ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
-			s.t.Fatalf("contender while the watchdog runs: got %v, want ErrNotAcquired", err)
+	s.keepsOut(ls, b, 3*s.cfg.TTL, s.cfg.TTL/4, func() {})
+	s.release(ls)
+}
+
+// keepsOut checks, every period for d, that contender cannot take ls's
+// name, calling fault before each check; then that ls is still held.
+func (s *suite) keepsOut(ls *dlock.Lease, contender dlock.Locker, d, every time.Duration, fault func()) {
+	s.t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(every) {
+		fault()
+		if _, err := contender.TryAcquire(s.ctx, ls.Name(), nil); !errors.Is(err, dlock.ErrNotAcquired) {
+			s.t.Fatalf("contender while %q is held: got %v, want ErrNotAcquired", ls.Name(), err)
 		}
-		time.Sleep(s.cfg.TTL / 4)
 	}
 	s.stillHeld(ls)
-	s.release(ls)
 }
 
 func testWatchdogStopsOnRelease(s *suite) {
@@ -623,15 +629,7 @@ func testResetDuringRefresh(s *suite) {
 	b, _ := s.locker(s.opts())
 	name := s.name()
 	ls := s.acquire(a, name, nil)
-	end := time.Now().Add(2 * s.cfg.TTL)
-	for time.Now().Before(end) {
-		fa.Reset()
-		time.Sleep(s.cfg.TTL / 7)
-	}
-	s.stillHeld(ls)
-	if _, err := b.TryAcquire(s.ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
-		s.t.Fatalf("contender after resets: got %v, want ErrNotAcquired", err)
-	}
+	s.keepsOut(ls, b, 2*s.cfg.TTL, s.cfg.TTL/7, fa.Reset)
 	s.release(ls)
 }
 
