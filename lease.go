@@ -324,13 +324,16 @@ func (ls *Lease) end(err error) {
 		return
 	}
 	ls.err = err
+	// Cancel the context before closing Done, so that whoever sees Done
+	// closed also finds Context cancelled. (Cancelling only cancels child
+	// contexts; AfterFunc callbacks run in goroutines of their own.)
+	ls.cancel(err)
 	close(ls.done)
 	ls.deadline.Stop()
 	if ls.tick != nil {
 		ls.tick.Stop()
 	}
 	ls.mu.Unlock()
-	ls.cancel(err)
 	ls.cancelRefresh()
 	ls.l.forget(ls)
 }
