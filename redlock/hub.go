@@ -1,0 +1,551 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+const (
+	// readWake bounds each read on the pub/sub connection, so that the
+	// receive loop can check for unanswered commands. It sends nothing.
+	readWake = time.Second
+	// maxBackoff bounds the delay between reconnection attempts.
+	maxBackoff = time.Second
+)
+
+// pingIdle is how long a subscribed connection may stay silent before the
+// receive loop sends a PING to learn whether it is still alive (a variable
+// for tests).
+var pingIdle = 10 * time.Second
+
+const (
+	// defaultLinger is how long a channel stays subscribed after its last
+	// waiter left, so that a name locked in a loop does not pay a SUBSCRIBE
+	// round trip (and an UNSUBSCRIBE) for every wait.
+	defaultLinger = 2 * time.Second
+	// maxLingering bounds the channels kept subscribed without waiters; past
+	// it, a channel whose last waiter leaves is unsubscribed at once.
+	maxLingering = 1024
+)
+
+// This file is a copy, by design, of the redis driver's pub/sub hub
+// (redis/notify.go), without its routing of queue grant messages, and with
+// watches that signal a channel of the caller's: a redlock waiter watches one
+// channel on every node and is woken through one channel by whichever node
+// hears a release first. Sharing the code would mean exporting the redis
+// driver's internals from a package of their own; fixes to one copy apply
+// to the other.
+
+// hub shares one pub/sub connection to one node among all the waiters of a
+// Locker. Each release channel is subscribed while at least one waiter
+// watches it, and for linger after the last one left (at most maxLingering
+// channels linger); a waiter's watch returns once the server has confirmed
+// that subscription.
+//
+// Every message on a channel wakes every waiter of that channel.
+//
+// Two goroutines, started at the first Watch and stopped by close: the
+// writer sends SUBSCRIBE and UNSUBSCRIBE for the channels whose wanted state
+// changed, and the receive loop reads confirmations and messages.
+//
+// The connection lives in epochs. When it fails (a read or write error, or a
+// SUBSCRIBE, UNSUBSCRIBE or PING unanswered for confirmTimeout; a connection
+// silent for pingIdle is pinged) the epoch ends: its PubSub is closed and
+// replaced by a fresh one, every watched channel is subscribed again, and
+// every waiter is woken at once and again when its channel's new
+// subscription is confirmed, since a release may have gone unheard in
+// between. Watches still waiting for a confirmation fail, so that their
+// callers fall back to polling until they can watch again. Counting commands
+// and confirmations per channel and epoch keeps a subscribe, unsubscribe,
+// subscribe sequence from looking confirmed before its last reply.
+//
+// go-redis reconnects and resubscribes a PubSub by itself; the hub does not
+// rely on that, because it cannot tell which confirmations the new connection
+// will bring. It starts each epoch on a PubSub of its own instead.
+type hub struct {
+	client         goredis.UniversalClient
+	confirmTimeout time.Duration
+	linger         time.Duration // zero: unsubscribe as soon as the last waiter leaves
+
+	mu          sync.Mutex
+	started     bool
+	closed      bool
+	ctx         context.Context // cancelled by close
+	cancel      context.CancelFunc
+	ps          *goredis.PubSub // this epoch's connection
+	epoch       uint64
+	broken      chan struct{} // closed when this epoch ends
+	chans       map[string]*watched
+	dirty       map[*watched]struct{} // wanted state may differ from what was sent
+	outstanding int                   // commands sent this epoch and not yet answered
+	waitingFrom time.Time             // since when an answer is awaited, when outstanding > 0
+	subscribed  int                   // channels whose last command this epoch was SUBSCRIBE
+	lastHeard   time.Time             // last reply this epoch
+	lingering   int                   // channels with lingerUntil set
+	lingerTimer *time.Timer           // wakes the writer to drop lingering channels
+
+	kick   chan struct{} // 1-buffered: the writer has work
+	active chan struct{} // 1-buffered: the receive loop has something to read
+	wg     sync.WaitGroup
+}
+
+// watched is the state of one release channel.
+type watched struct {
+	name        string
+	waiters     map[*watcher]struct{}
+	lingerUntil time.Time     // not zero: subscribed without waiters until then
+	subscribed  bool          // the last command sent this epoch was SUBSCRIBE
+	pending     int           // commands sent this epoch and not yet confirmed
+	ready       chan struct{} // closed when subscribed and confirmed this epoch
+	isReady     bool
+	rewake      bool // wake the waiters when confirmed again after an epoch ended
+}
+
+// watcher is one waiter's registration on a channel.
+type watcher struct {
+	h    *hub
+	w    *watched
+	c    chan struct{} // 1-buffered, the caller's: look again
+	once sync.Once
+}
+
+// stop ends the watch; it may be called more than once.
+func (x *watcher) stop() { x.once.Do(func() { x.h.unwatch(x) }) }
+
+func (h *hub) init(client goredis.UniversalClient, confirmTimeout time.Duration) {
+	h.client = client
+	h.confirmTimeout = confirmTimeout
+	h.linger = defaultLinger
+	h.chans = map[string]*watched{}
+	h.dirty = map[*watched]struct{}{}
+	h.broken = make(chan struct{})
+	h.kick = make(chan struct{}, 1)
+	h.active = make(chan struct{}, 1)
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+}
+
+// watch registers a waiter on channel, signalled on c (1-buffered, possibly
+// shared with other watches), and returns once the server has confirmed the
+// subscription, the connection failed (an error: the caller falls back to
+// polling and may watch again), ctx ended or the hub closed. The watcher's
+// stop ends it.
+func (h *hub) watch(ctx context.Context, channel string, c chan struct{}) (*watcher, error) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, dlock.ErrClosed
+	}
+	if !h.started {
+		h.started = true
+		h.ps = h.client.Subscribe(h.ctx)
+		h.wg.Add(2)
+		go h.writeLoop()
+		go h.receiveLoop()
+	}
+	w := h.chans[channel]
+	if w == nil {
+		w = &watched{name: channel, waiters: map[*watcher]struct{}{}, ready: make(chan struct{})}
+		h.chans[channel] = w
+	}
+	x := &watcher{h: h, w: w, c: c}
+	w.waiters[x] = struct{}{}
+	h.stopLinger(w)
+	if len(w.waiters) == 1 {
+		h.markDirty(w)
+	}
+	ready, broken := w.ready, h.broken
+	h.mu.Unlock()
+
+	select {
+	case <-ready:
+		return x, nil
+	case <-broken:
+		x.stop()
+		return nil, fmt.Errorf("redlock: subscribing to %q: the pub/sub connection failed", channel)
+	case <-ctx.Done():
+		x.stop()
+		return nil, ctx.Err()
+	case <-h.ctx.Done():
+		x.stop()
+		return nil, dlock.ErrClosed
+	}
+}
+
+// ready reports whether channel is subscribed and confirmed now (a watch of
+// it would return at once).
+func (h *hub) ready(channel string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.chans[channel]
+	return w != nil && w.isReady
+}
+
+func (h *hub) unwatch(x *watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := x.w
+	delete(w.waiters, x)
+	if len(w.waiters) > 0 || h.closed {
+		return
+	}
+	// Linger only on a confirmed subscription: one still being set up (or
+	// torn down) is left to the writer, as is everything past the cap.
+	if h.linger > 0 && w.isReady && h.lingering < maxLingering {
+		w.lingerUntil = time.Now().Add(h.linger)
+		h.lingering++
+		if h.lingerTimer == nil {
+			h.lingerTimer = time.AfterFunc(h.linger, func() { signal(h.kick) })
+		} else if h.lingering == 1 {
+			h.lingerTimer.Reset(h.linger)
+		}
+		return
+	}
+	h.markDirty(w)
+}
+
+// stopLinger ends w's lingering, if it lingers; h.mu held.
+func (h *hub) stopLinger(w *watched) {
+	if !w.lingerUntil.IsZero() {
+		w.lingerUntil = time.Time{}
+		h.lingering--
+	}
+}
+
+// expireLingering marks for unsubscription the channels whose linger has
+// passed and rearms the timer for the others; h.mu held.
+func (h *hub) expireLingering(now time.Time) {
+	if h.lingering == 0 {
+		return
+	}
+	var next time.Time
+	for _, w := range h.chans {
+		if w.lingerUntil.IsZero() {
+			continue
+		}
+		if !w.lingerUntil.After(now) {
+			h.stopLinger(w)
+			h.markDirty(w)
+		} else if next.IsZero() || w.lingerUntil.Before(next) {
+			next = w.lingerUntil
+		}
+	}
+	if !next.IsZero() && h.lingerTimer != nil {
+		h.lingerTimer.Reset(next.Sub(now))
+	}
+}
+
+// markDirty queues w for the writer; h.mu held.
+func (h *hub) markDirty(w *watched) {
+	h.dirty[w] = struct{}{}
+	signal(h.kick)
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// writeLoop sends the commands that bring the server's subscriptions in line
+// with the waiters.
+func (h *hub) writeLoop() {
+	defer h.wg.Done()
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-h.kick:
+		}
+		if err := h.flush(); err != nil {
+			backoff = min(max(2*backoff, 10*time.Millisecond), maxBackoff)
+			if !sleep(h.ctx, backoff) {
+				return
+			}
+			signal(h.kick) // the new epoch has everything to resubscribe
+		} else {
+			backoff = 0
+		}
+	}
+}
+
+// flush sends one SUBSCRIBE and one UNSUBSCRIBE covering every dirty channel.
+func (h *hub) flush() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.expireLingering(time.Now())
+	var subs, unsubs []string
+	for w := range h.dirty {
+		want := len(w.waiters) > 0 || !w.lingerUntil.IsZero()
+		switch {
+		case want && !w.subscribed:
+			subs = append(subs, w.name)
+			w.subscribed = true
+			w.pending++
+			h.subscribed++
+		case !want && w.subscribed:
+			unsubs = append(unsubs, w.name)
+			w.subscribed = false
+			w.pending++
+			h.subscribed--
+			w.unready()
+		}
+		h.forgetIfIdle(w)
+	}
+	clear(h.dirty)
+	n := len(subs) + len(unsubs)
+	if n == 0 {
+		h.mu.Unlock()
+		return nil
+	}
+	h.expect(n)
+	ps, epoch := h.ps, h.epoch
+	h.mu.Unlock()
+	signal(h.active)
+
+	ctx, cancel := context.WithTimeout(h.ctx, h.confirmTimeout)
+	defer cancel()
+	var err error
+	if len(subs) > 0 {
+		err = ps.Subscribe(ctx, subs...)
+	}
+	if len(unsubs) > 0 && err == nil {
+		err = ps.Unsubscribe(ctx, unsubs...)
+	}
+	if err != nil && h.endEpoch(epoch) {
+		return err // back off: the next epoch may fail alike
+	}
+	return nil
+}
+
+// expect records n more commands awaiting an answer; h.mu held.
+func (h *hub) expect(n int) {
+	if h.outstanding == 0 {
+		h.waitingFrom = time.Now()
+	}
+	h.outstanding += n
+}
+
+// unready makes w wait for a new confirmation; h.mu held.
+func (w *watched) unready() {
+	if w.isReady {
+		w.isReady = false
+		w.ready = make(chan struct{})
+	}
+}
+
+// forgetIfIdle drops w when nothing refers to it any more; h.mu held.
+func (h *hub) forgetIfIdle(w *watched) {
+	if len(w.waiters) == 0 && w.lingerUntil.IsZero() && !w.subscribed && w.pending == 0 {
+		if h.chans[w.name] == w {
+			delete(h.chans, w.name)
+		}
+		delete(h.dirty, w)
+	}
+}
+
+// receiveLoop reads the pub/sub connection: confirmations, release messages
+// and pongs. It parks while there is nothing to read.
+func (h *hub) receiveLoop() {
+	defer h.wg.Done()
+	backoff := time.Duration(0)
+	for {
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			return
+		}
+		ps, epoch := h.ps, h.epoch
+		idle := h.outstanding == 0 && h.subscribed == 0
+		h.mu.Unlock()
+		if idle {
+			select {
+			case <-h.ctx.Done():
+				return
+			case <-h.active:
+			}
+			continue
+		}
+		msg, err := ps.ReceiveTimeout(h.ctx, readWake)
+		if err == nil {
+			backoff = 0
+			h.received(epoch, msg)
+			continue
+		}
+		if h.ctx.Err() != nil {
+			return
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			h.check(ps, epoch)
+			continue
+		}
+		if h.endEpoch(epoch) {
+			backoff = min(max(2*backoff, 10*time.Millisecond), maxBackoff)
+			if !sleep(h.ctx, backoff) {
+				return
+			}
+		}
+	}
+}
+
+// received applies one reply read in epoch.
+func (h *hub) received(epoch uint64, msg any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if epoch != h.epoch || h.closed {
+		return
+	}
+	now := time.Now()
+	h.lastHeard = now
+	switch m := msg.(type) {
+	case *goredis.Message:
+		w := h.chans[m.Channel]
+		if w == nil {
+			return
+		}
+		w.wake()
+	case *goredis.Subscription:
+		w := h.chans[m.Channel]
+		if w == nil || w.pending == 0 {
+			return // not ours
+		}
+		w.pending--
+		h.answered(now)
+		if w.pending == 0 && w.subscribed && !w.isReady {
+			w.isReady = true
+			close(w.ready)
+			if w.rewake {
+				w.rewake = false
+				w.wake()
+			}
+		}
+		h.forgetIfIdle(w)
+	case *goredis.Pong:
+		h.answered(now)
+	}
+}
+
+// answered counts one answer; h.mu held.
+func (h *hub) answered(now time.Time) {
+	if h.outstanding > 0 {
+		h.outstanding--
+		h.waitingFrom = now
+	}
+}
+
+// wake tells every waiter of w to try again; h.mu held.
+func (w *watched) wake() {
+	for x := range w.waiters {
+		signal(x.c)
+	}
+}
+
+// check runs when a read timed out: it ends the epoch if an answer is
+// overdue, and pings a connection that has been silent for long.
+func (h *hub) check(ps *goredis.PubSub, epoch uint64) {
+	h.mu.Lock()
+	if epoch != h.epoch || h.closed {
+		h.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	if h.outstanding > 0 {
+		overdue := now.Sub(h.waitingFrom) > h.confirmTimeout
+		h.mu.Unlock()
+		if overdue {
+			h.endEpoch(epoch)
+		}
+		return
+	}
+	if h.subscribed == 0 || now.Sub(h.lastHeard) < pingIdle {
+		h.mu.Unlock()
+		return
+	}
+	h.expect(1)
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(h.ctx, h.confirmTimeout)
+	defer cancel()
+	if err := ps.Ping(ctx); err != nil {
+		h.endEpoch(epoch)
+	}
+}
+
+// endEpoch replaces the connection of epoch, if it is still the current one,
+// with a fresh PubSub, and wakes every waiter. It reports whether it did.
+func (h *hub) endEpoch(epoch uint64) bool {
+	h.mu.Lock()
+	if epoch != h.epoch || h.closed {
+		h.mu.Unlock()
+		return false
+	}
+	old := h.ps
+	h.ps = h.client.Subscribe(h.ctx)
+	h.epoch++
+	close(h.broken)
+	h.broken = make(chan struct{})
+	h.outstanding, h.subscribed = 0, 0
+	for _, w := range h.chans {
+		w.subscribed, w.pending = false, 0
+		w.unready()
+		h.stopLinger(w)
+		if len(w.waiters) > 0 {
+			w.rewake = true
+			w.wake()
+			h.markDirty(w)
+		} else {
+			h.forgetIfIdle(w)
+		}
+	}
+	h.mu.Unlock()
+	_ = old.Close()
+	return true
+}
+
+// close stops both goroutines, waits for them and closes the connection.
+func (h *hub) close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	h.cancel()
+	if h.lingerTimer != nil {
+		h.lingerTimer.Stop()
+	}
+	ps := h.ps
+	h.mu.Unlock()
+	var err error
+	if ps != nil {
+		err = ps.Close()
+	}
+	h.wg.Wait()
+	if err != nil {
+		return fmt.Errorf("redlock: closing the pub/sub connection: %w", err)
+	}
+	return nil
+}
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,789 @@
+// Package redlock is the dlock driver for Redlock: one lock over N
+// independent Redis masters (N odd, at least 3), held while a majority of
+// them hold it, built on github.com/redis/go-redis/v9.
+//
+// # URLs
+//
+//	redlock://[user:pass@]host1:port1,host2:port2,host3:port3[/db][?params]
+//	redlocks://[user:pass@]host1:port1,…?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem
+//
+// Every node gets the same credentials, database and client settings. Give
+// every host its port (6379 is assumed for a host without one, but Go's URL
+// parser then rejects a list whose last host has none); IPv6 literals cannot
+// be listed. Parameters:
+//
+//   - The lock options of dlock.Options: ttl, refresh, refresh_interval,
+//     retry_min, retry_max, metadata (see dlock.OptionsFromQuery).
+//   - prefix=app: sets Options.KeyPrefix; compat=true sets Options.Compat.
+//   - node_timeout=50ms sets Options.NodeTimeout; drift=5ms sets
+//     Options.Drift.
+//   - redlocks only: tls_ca, tls_cert, tls_key, tls_server_name,
+//     tls_insecure_skip_verify, as for the redis driver's rediss URLs.
+//   - Everything go-redis's ParseURL accepts (dial_timeout, read_timeout,
+//     pool_size, …), applied to every node.
+//
+// Unknown parameters are rejected. Open pings every node, bounded by its ctx,
+// and fails unless a majority answers, so that a service starts with a
+// minority of nodes down; the Locker then owns the clients it made and
+// closes them on Close.
+//
+// # Guarantees
+//
+// See the section at the end of this comment, after Layout.
+//
+// # Layout
+//
+// Default layout, on every node, with P the key prefix (default "dlock:")
+// and N the lock name:
+//
+//	P{N}            string: the lease token, with the TTL as its expiry
+//	                (SET NX PX); deleted on release
+//	P{N}:fence      integer: the node's fencing counter, INCRed with every
+//	                grant on that node in the same script as the SET, and
+//	                raised to a lease's fencing token before the lease is
+//	                granted (see Guarantees); it persists by design
+//	P{N}:released   pub/sub channel: an empty message when a release
+//	                deletes the lock on that node
+//
+// Compat layout (Options.Compat, URL compat=true), with P defaulting to "":
+//
+//	PN              string: the lease token, SET NX PX, compare-and-delete
+//	PN:released     pub/sub channel, as above
+//
+// The compat layout is github.com/go-redsync/redsync/v4's (a redsync.Mutex
+// named PN over the same nodes), so that dlock and redsync locks on the same
+// name exclude each other and a team can move from one to the other without
+// stopping every process at once. There is no fencing counter in it. In
+// the default layout a redsync mutex named "dlock:{N}" excludes dlock's N.
+// redsync does not publish when it releases: a dlock waiter behind a redsync
+// lock retries when the holder's remaining TTL has passed.
+//
+// Lock metadata (Options.Metadata) is not stored.
+package redlock
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireLua    string
+	acquireScript = goredis.NewScript(acquireLua)
+
+	//go:embed fence.lua
+	fenceLua    string
+	fenceScript = goredis.NewScript(fenceLua)
+
+	//go:embed refresh.lua
+	refreshLua    string
+	refreshScript = goredis.NewScript(refreshLua)
+
+	//go:embed release.lua
+	releaseLua    string
+	releaseScript = goredis.NewScript(releaseLua)
+)
+
+const (
+	// DefaultKeyPrefix is the key prefix of the default layout.
+	DefaultKeyPrefix = "dlock:"
+	// MinTTL is the shortest TTL the driver accepts.
+	MinTTL = 10 * time.Millisecond
+	// MaxDefaultNodeTimeout caps the default per-node timeout (TTL/5).
+	MaxDefaultNodeTimeout = 500 * time.Millisecond
+)
+
+// ErrNoQuorum is what an operation fails with when too few nodes answered
+// for a majority to decide, for example because a majority of the nodes is
+// down or unreachable. It does not match dlock.ErrNotAcquired: the lock may
+// well be free. Acquire keeps trying (with backoff) until its ctx ends.
+var ErrNoQuorum = errors.New("redlock: no quorum")
+
+// Options configure a Locker. A nil *Options means all defaults.
+type Options struct {
+	// Lock holds the Locker's default lock options (URL: ttl, refresh,
+	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
+	// defaults documented on dlock.Options.
+	Lock dlock.Options
+
+	// KeyPrefix starts every key and channel name (URL: prefix=app:).
+	// Default "dlock:", or "" in compat mode.
+	KeyPrefix string
+
+	// Compat selects the layout shared with redsync: the lock key is
+	// KeyPrefix+name, without fencing (URL: compat=true). Default false.
+	Compat bool
+
+	// NodeTimeout bounds each request to one node (URL: node_timeout=50ms).
+	// A node that has not answered by then counts as failed for that
+	// operation. Default TTL/5, at most MaxDefaultNodeTimeout; never more
+	// than the TTL.
+	NodeTimeout time.Duration
+
+	// Drift is the clock drift margin subtracted from every lease's validity
+	// (URL: drift=5ms). Default TTL/100 + 2ms.
+	Drift time.Duration
+}
+
+// New returns a Locker over the application's clients, one per Redis
+// master: an odd number, at least 3, each a different server. Closing the
+// Locker does not close them.
+//
+// The clients should have ContextTimeoutEnabled set: the Locker bounds
+// every request with a context, and without it go-redis ignores context
+// deadlines on reads, so that a request to a paused node blocks until
+// ReadTimeout instead of the node timeout.
+func New(clients []goredis.UniversalClient, opts *Options) (dlock.Locker, error) {
+	return newLocker(clients, opts, false)
+}
+
+func newLocker(clients []goredis.UniversalClient, opts *Options, ownsClients bool) (dlock.Locker, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	switch n := len(clients); {
+	case n < 3:
+		return nil, invalid("%d nodes: Redlock needs at least 3", n)
+	case n%2 == 0:
+		return nil, invalid("%d nodes: use an odd number (an even one tolerates no more failures than one node fewer)", n)
+	case o.NodeTimeout < 0:
+		return nil, invalid("negative node timeout %v", o.NodeTimeout)
+	case o.Drift < 0:
+		return nil, invalid("negative drift %v", o.Drift)
+	}
+	d := &driver{
+		quorum:      len(clients)/2 + 1,
+		prefix:      o.KeyPrefix,
+		compat:      o.Compat,
+		nodeTimeout: o.NodeTimeout,
+		drift:       o.Drift,
+		ownsClients: ownsClients,
+	}
+	if d.prefix == "" && !d.compat {
+		d.prefix = DefaultKeyPrefix
+	}
+	for i, c := range clients {
+		if c == nil {
+			return nil, invalid("client %d is nil", i)
+		}
+		if slices.Index(clients, c) != i {
+			return nil, invalid("client %d is given twice", i)
+		}
+		nd := &node{c: c, name: nodeName(i, c)}
+		nd.hub.init(c, confirmTimeout(c))
+		d.nodes = append(d.nodes, nd)
+	}
+	return dlock.New(d, &o.Lock)
+}
+
+// nodeName names node i in errors: its index and, when known, its address.
+func nodeName(i int, c goredis.UniversalClient) string {
+	if c, ok := c.(*goredis.Client); ok {
+		return fmt.Sprintf("node %d (%s)", i, c.Options().Addr)
+	}
+	return fmt.Sprintf("node %d", i)
+}
+
+// confirmTimeout is how long a pub/sub connection may leave a SUBSCRIBE or
+// PING unanswered before it is taken for dead: the client's read timeout.
+func confirmTimeout(c goredis.UniversalClient) time.Duration {
+	var rt time.Duration
+	if c, ok := c.(*goredis.Client); ok {
+		rt = c.Options().ReadTimeout
+	}
+	if rt <= 0 {
+		rt = 3 * time.Second
+	}
+	return rt
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: redlock: %s", dlock.ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+type driver struct {
+	nodes       []*node
+	quorum      int
+	prefix      string
+	compat      bool
+	nodeTimeout time.Duration // zero: the default for the TTL
+	drift       time.Duration // zero: dlock's default
+	ownsClients bool
+
+	// bg counts the requests still running after the call that made them
+	// returned (a majority had decided): each is bounded by the node timeout.
+	bg sync.WaitGroup
+}
+
+// node is one Redis master.
+type node struct {
+	c    goredis.UniversalClient
+	name string
+	hub  hub
+}
+
+func (d *driver) Capabilities() dlock.Capabilities {
+	return dlock.Capabilities{
+		Fencing:      !d.compat,
+		NotifiedWait: true,
+		MinTTL:       MinTTL,
+	}
+}
+
+// keys returns the keys of name: the lock key and, in the default layout,
+// the fencing counter.
+func (d *driver) keys(name string) []string {
+	if d.compat {
+		return []string{d.prefix + name}
+	}
+	lock := d.prefix + "{" + name + "}"
+	return []string{lock, lock + ":fence"}
+}
+
+// channel is the pub/sub channel on which releases of name are announced.
+func (d *driver) channel(name string) string { return d.keys(name)[0] + ":released" }
+
+// timeout is the per-node timeout for a lock of the given TTL.
+func (d *driver) timeout(ttl time.Duration) time.Duration {
+	t := d.nodeTimeout
+	if t <= 0 {
+		t = min(ttl/5, MaxDefaultNodeTimeout)
+	}
+	return min(t, ttl)
+}
+
+// driftFor is the drift margin for a lock of the given TTL.
+func (d *driver) driftFor(ttl time.Duration) time.Duration {
+	if d.drift > 0 {
+		return d.drift
+	}
+	return ttl/100 + 2*time.Millisecond
+}
+
+// millis rounds ttl up to whole milliseconds: PX cannot say less, and a TTL
+// must never be shortened.
+func millis(ttl time.Duration) int64 {
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
+
+// nodeCtx bounds one request to a node: the node timeout, and ctx unless
+// detached (a request whose outcome matters after the caller has left).
+func nodeCtx(ctx context.Context, timeout time.Duration, detached bool) (context.Context, context.CancelFunc) {
+	if detached {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, timeout)
+}
+
+// acqReply is one node's answer during an acquisition: to the acquire
+// script, or (fenced) to the fencing write-back.
+type acqReply struct {
+	i       int
+	fenced  bool   // the answer to fence.lua
+	granted bool   // the node took the lock (acquire) or holds it at the fence (fenced)
+	counter uint64 // acquire, granted: the node's fencing counter
+	pttl    int64  // acquire, busy: the holder's remaining ms, -1 for none
+	holder  string // acquire, busy: the holder's token
+	err     error
+}
+
+// TryAcquire sends the acquire script to every node at once, each request
+// bounded by the node timeout, and decides as soon as a majority can: the
+// lock is granted when a majority took it (and, with fencing, holds the
+// fencing token, see fence), and refused as soon as a majority no longer
+// can. Requests still running then finish in the background; a node that
+// took the lock for an attempt that failed gives it back at once (waking
+// waiters only if the attempt was abandoned by its caller, not refused).
+func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+	start := time.Now()
+	n, q := len(d.nodes), d.quorum
+	keys := d.keys(req.Name)
+	px := millis(req.TTL)
+	timeout := d.timeout(req.TTL)
+	h := &handle{d: d, keys: keys, token: req.Token, ttl: req.TTL,
+		acquired: make([]chan struct{}, n), released: make([]bool, n)}
+
+	replies := make(chan acqReply, 2*n)
+	fences := make([]chan uint64, n)
+	decided := make(chan struct{})
+	// Written before decided is closed: whether the attempt won, and
+	// whether a node giving its lock back announces it. A retreat from a
+	// refused attempt is silent (contenders that split a vote must not all
+	// be woken by each other's retreats); the lock of an attempt abandoned by
+	// its caller may have held a majority that waiters are waiting out.
+	won, announce := false, true
+	for i, nd := range d.nodes {
+		h.acquired[i] = make(chan struct{})
+		fences[i] = make(chan uint64, 1)
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			defer close(h.acquired[i])
+			r := nd.acquire(ctx, timeout, keys, req.Token, px)
+			r.i = i
+			replies <- r
+			if !r.granted {
+				return
+			}
+			select {
+			case f := <-fences[i]:
+				ok, err := nd.fence(ctx, timeout, keys, req.Token, f)
+				replies <- acqReply{i: i, fenced: true, granted: ok, err: err}
+				<-decided
+			case <-decided:
+			}
+			if !won {
+				_, _ = nd.release(ctx, timeout, true, keys, req.Token, announce)
+			}
+		}()
+	}
+	defer close(decided)
+
+	var (
+		fence    uint64
+		granted  []int // nodes that took the lock, until the fence is chosen
+		counters = make([]uint64, n)
+		ok, dead int
+		busy     []acqReply
+		errs     []error
+	)
+	for ok < q && n-dead >= q {
+		var r acqReply
+		select {
+		case r = <-replies:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("redlock: acquiring %q: %w", keys[0], ctx.Err())
+		}
+		switch {
+		case r.err != nil:
+			dead++
+			errs = append(errs, r.err)
+		case r.fenced && r.granted:
+			ok++
+		case r.fenced:
+			dead++
+			errs = append(errs, fmt.Errorf("%s: the lock expired before its fencing token was written", d.nodes[r.i].name))
+		case !r.granted:
+			dead++
+			busy = append(busy, r)
+		case d.compat:
+			ok++
+		case fence != 0:
+			if r.counter >= fence {
+				ok++
+			} else {
+				fences[r.i] <- fence
+			}
+		default:
+			counters[r.i] = r.counter
+			granted = append(granted, r.i)
+			if len(granted) < q {
+				break
+			}
+			// A majority took the lock: the fencing token is the highest of
+			// their counters, and the nodes behind it are raised to it.
+			for _, j := range granted {
+				fence = max(fence, counters[j])
+			}
+			for _, j := range granted {
+				if counters[j] == fence {
+					ok++
+				} else {
+					fences[j] <- fence
+				}
+			}
+		}
+	}
+	if ok < q {
+		announce = false
+		return nil, d.refused(keys[0], start, busy, errs)
+	}
+	if drift := d.driftFor(req.TTL); time.Since(start) >= req.TTL-drift {
+		return nil, fmt.Errorf("%w: redlock: a majority for %q took %v, past the TTL %v minus drift %v",
+			dlock.ErrNotAcquired, keys[0], time.Since(start).Round(time.Microsecond), req.TTL, drift)
+	}
+	won = true
+	return &dlock.Grant{
+		Handle: h,
+		Fence:  fence,
+		TTL:    time.Duration(px) * time.Millisecond,
+		Drift:  d.drift,
+	}, nil
+}
+
+// refused builds the error of an attempt that a majority can no longer
+// grant: a *dlock.BusyError when enough nodes are held by others, else an
+// ErrNoQuorum error carrying the nodes' errors.
+func (d *driver) refused(key string, start time.Time, busy []acqReply, errs []error) error {
+	n, q := len(d.nodes), d.quorum
+	if len(busy) < n-q+1 {
+		return fmt.Errorf("%w: acquiring %q: %d of %d nodes failed and %d are held by others: %w",
+			ErrNoQuorum, key, len(errs), n, len(busy), errors.Join(errs...))
+	}
+	// A holder seen on a majority keeps the lock until the majority-th
+	// longest of its remaining times has passed (unless it refreshes or
+	// releases, which wakes waiters).
+	byHolder := map[string][]int64{}
+	for _, b := range busy {
+		byHolder[b.holder] = append(byHolder[b.holder], b.pttl)
+	}
+	for _, pttls := range byHolder {
+		if len(pttls) < q {
+			continue
+		}
+		slices.Sort(pttls)
+		slices.Reverse(pttls)
+		if pttls[q-1] < 0 {
+			return dlock.Busy(0) // keys without expiry: unknown
+		}
+		return dlock.Busy(time.Duration(pttls[q-1])*time.Millisecond + time.Millisecond)
+	}
+	// No holder in sight on a majority: contenders split the vote, or an
+	// attempt's keys are on their way out. Retry after a random delay of
+	// the order of an attempt, so that contenders do not meet again.
+	e := time.Since(start)
+	return dlock.Busy(e + rand.N(2*e+time.Millisecond))
+}
+
+// Watch subscribes to name's release channel on every node and returns once
+// a majority has confirmed: a release deletes the lock on at least a
+// majority, so one of them tells the waiter. A message from any node wakes
+// the waiter.
+func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	channel := d.channel(name)
+	n, q := len(d.nodes), d.quorum
+	c := make(chan struct{}, 1)
+	wctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		watchers []*watcher
+	)
+	results := make(chan error, n)
+	for _, nd := range d.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x, err := nd.hub.watch(wctx, channel, c)
+			if err == nil {
+				mu.Lock()
+				watchers = append(watchers, x)
+				mu.Unlock()
+			} else {
+				err = fmt.Errorf("%s: %w", nd.name, err)
+			}
+			results <- err
+		}()
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			for _, x := range watchers {
+				x.stop()
+			}
+		})
+	}
+	var errs []error
+	for ok := 0; ok < q; {
+		select {
+		case err := <-results:
+			if err == nil {
+				ok++
+				continue
+			}
+			errs = append(errs, err)
+			if len(errs) > n-q {
+				stop()
+				return nil, nil, fmt.Errorf("%w: watching %q: %w", ErrNoQuorum, channel, errors.Join(errs...))
+			}
+		case <-ctx.Done():
+			stop()
+			return nil, nil, ctx.Err()
+		}
+	}
+	return c, stop, nil
+}
+
+func (d *driver) Close() error {
+	d.bg.Wait() // bounded by the node timeout
+	var errs []error
+	for _, nd := range d.nodes {
+		if err := nd.hub.close(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", nd.name, err))
+		}
+	}
+	if d.ownsClients {
+		for _, nd := range d.nodes {
+			if err := nd.c.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("redlock: closing the client of %s: %w", nd.name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// fanout runs op on every node at once, each bounded by timeout (and by
+// ctx), and returns where the results arrive, one per node. The channel is
+// buffered: a caller that has decided may stop reading, and the requests
+// still running finish in the background.
+func fanout[T any](d *driver, ctx context.Context, timeout time.Duration, op func(ctx context.Context, i int, nd *node) (T, error)) <-chan nodeResult[T] {
+	results := make(chan nodeResult[T], len(d.nodes))
+	for i, nd := range d.nodes {
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			nctx, cancel := nodeCtx(ctx, timeout, false)
+			defer cancel()
+			v, err := op(nctx, i, nd)
+			if err != nil {
+				err = fmt.Errorf("%s: %w", nd.name, err)
+			}
+			results <- nodeResult[T]{i, v, err}
+		}()
+	}
+	return results
+}
+
+type nodeResult[T any] struct {
+	i   int
+	v   T
+	err error
+}
+
+// handle is one held lease: its keys and token on every node.
+type handle struct {
+	d        *driver
+	keys     []string
+	token    string
+	acquired []chan struct{} // closed when the node's part of the acquisition is over
+
+	mu       sync.Mutex
+	ttl      time.Duration // the last TTL asked for, for node timeouts
+	released []bool        // nodes from which the lock was deleted
+}
+
+// Refresh runs the compare-and-pexpire script on every node and succeeds
+// once a majority extended the lock. It never re-creates the lock on a node
+// that lost it. When a majority no longer holds the token, the lease is
+// lost: it reports ErrNotHeld and removes what is left of the lock.
+func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	d := h.d
+	n, q := len(d.nodes), d.quorum
+	px := millis(ttl)
+	h.mu.Lock()
+	h.ttl = ttl
+	h.mu.Unlock()
+	results := fanout(d, ctx, d.timeout(ttl), func(ctx context.Context, _ int, nd *node) (bool, error) {
+		r, err := refreshScript.Run(ctx, nd.c, h.keys[:1], h.token, px).Int64()
+		return r == 1, err
+	})
+	var extended, notHeld int
+	var errs []error
+	for range n {
+		r := <-results
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case r.v:
+			extended++
+		default:
+			notHeld++
+		}
+		if extended >= q {
+			return time.Duration(px) * time.Millisecond, nil
+		}
+		if notHeld > n-q {
+			h.cleanUp(ctx)
+			return 0, fmt.Errorf("%w: redlock: %d of %d nodes no longer hold %q for this lease", dlock.ErrNotHeld, notHeld, n, h.keys[0])
+		}
+	}
+	return 0, fmt.Errorf("%w: refreshing %q: %d of %d nodes extended it, %d do not hold it, %d failed: %w",
+		ErrNoQuorum, h.keys[0], extended, n, notHeld, len(errs), errors.Join(errs...))
+}
+
+// cleanUp deletes, in the background, what is left of a lost lease's lock
+// on the nodes that still have it, so that it does not stand in a
+// contender's way until it expires.
+func (h *handle) cleanUp(ctx context.Context) {
+	for i, nd := range h.d.nodes {
+		h.d.bg.Add(1)
+		go func() {
+			defer h.d.bg.Done()
+			<-h.acquired[i] // bounded by the node timeout
+			_, _ = nd.release(ctx, h.timeout(), true, h.keys, h.token, true)
+		}()
+	}
+}
+
+func (h *handle) timeout() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.d.timeout(h.ttl)
+}
+
+// Release runs the compare-and-delete script on every node (each after that
+// node's part of the acquisition is over, so that a late grant is not left
+// behind), waiting for every node up to the node timeout. It succeeds when
+// the lock has been deleted from a majority (counting nodes where an earlier
+// try deleted it), and reports ErrNotHeld when a majority no longer held it.
+func (h *handle) Release(ctx context.Context) error {
+	d := h.d
+	n, q := len(d.nodes), d.quorum
+	timeout := h.timeout()
+	h.mu.Lock()
+	done := slices.Clone(h.released)
+	h.mu.Unlock()
+	type result struct {
+		deleted bool
+		err     error
+	}
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	for i, nd := range d.nodes {
+		if done[i] {
+			results[i].deleted = true
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-h.acquired[i]:
+			case <-ctx.Done():
+				results[i].err = fmt.Errorf("%s: %w", nd.name, ctx.Err())
+				return
+			}
+			results[i].deleted, results[i].err = nd.release(ctx, timeout, false, h.keys, h.token, true)
+		}()
+	}
+	wg.Wait()
+	var deleted, notHeld int
+	var errs []error
+	h.mu.Lock()
+	for i, r := range results {
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case r.deleted:
+			deleted++
+			h.released[i] = true
+		default:
+			notHeld++
+		}
+	}
+	h.mu.Unlock()
+	switch {
+	case deleted >= q:
+		return nil
+	case notHeld > n-q:
+		return fmt.Errorf("%w: redlock: %d of %d nodes no longer held %q for this lease", dlock.ErrNotHeld, notHeld, n, h.keys[0])
+	}
+	return fmt.Errorf("%w: releasing %q: deleted on %d of %d nodes, %d did not hold it, %d failed: %w",
+		ErrNoQuorum, h.keys[0], deleted, n, notHeld, len(errs), errors.Join(errs...))
+}
+
+// Held reads the lock key on every node: true once a majority holds the
+// token, false once a majority does not.
+func (h *handle) Held(ctx context.Context) (bool, error) {
+	d := h.d
+	n, q := len(d.nodes), d.quorum
+	results := fanout(d, ctx, h.timeout(), func(ctx context.Context, _ int, nd *node) (bool, error) {
+		v, err := nd.c.Get(ctx, h.keys[0]).Result()
+		switch {
+		case errors.Is(err, goredis.Nil):
+			return false, nil
+		case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+			return false, nil // not a lock of ours
+		case err != nil:
+			return false, err
+		}
+		return v == h.token, nil
+	})
+	var holds, not int
+	var errs []error
+	for range n {
+		r := <-results
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case r.v:
+			holds++
+		default:
+			not++
+		}
+		if holds >= q {
+			return true, nil
+		}
+		if not > n-q {
+			return false, nil
+		}
+	}
+	return false, fmt.Errorf("%w: reading %q: %d of %d nodes hold it, %d do not, %d failed: %w",
+		ErrNoQuorum, h.keys[0], holds, n, not, len(errs), errors.Join(errs...))
+}
+
+// acquire runs acquire.lua on the node. The request is detached from ctx:
+// its outcome matters even when the caller has left, since a lock it took
+// must be given back.
+func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64) acqReply {
+	nctx, cancel := nodeCtx(ctx, timeout, true)
+	defer cancel()
+	v, err := acquireScript.Run(nctx, nd.c, keys, token, px).Slice()
+	if err != nil {
+		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
+	}
+	if len(v) < 2 {
+		return acqReply{err: fmt.Errorf("%s: unexpected reply %v from acquire.lua", nd.name, v)}
+	}
+	code, _ := v[0].(int64)
+	second, _ := v[1].(int64)
+	if code == 1 {
+		return acqReply{granted: true, counter: uint64(max(second, 0))}
+	}
+	r := acqReply{pttl: second}
+	if len(v) > 2 {
+		r.holder, _ = v[2].(string)
+	}
+	return r
+}
+
+// fence runs fence.lua on the node, detached from ctx as acquire is.
+func (nd *node) fence(ctx context.Context, timeout time.Duration, keys []string, token string, f uint64) (bool, error) {
+	nctx, cancel := nodeCtx(ctx, timeout, true)
+	defer cancel()
+	r, err := fenceScript.Run(nctx, nd.c, keys, token, strconv.FormatUint(f, 10)).Int64()
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", nd.name, err)
+	}
+	return r == 1, nil
+}
+
+// release runs release.lua on the node: it reports whether the node held
+// token and deleted it.
+func (nd *node) release(ctx context.Context, timeout time.Duration, detached bool, keys []string, token string, publish bool) (bool, error) {
+	nctx, cancel := nodeCtx(ctx, timeout, detached)
+	defer cancel()
+	pub := "0"
+	if publish {
+		pub = "1"
+	}
+	r, err := releaseScript.Run(nctx, nd.c, keys[:1], token, pub).Int64()
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", nd.name, err)
+	}
+	return r == 1, nil
+}

@@ -1,0 +1,286 @@
+package redlock
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+func init() {
+	dlock.Register("redlock", open)
+	dlock.Register("redlocks", open)
+}
+
+// open is the dlock.OpenFunc for redlock:// and redlocks:// URLs.
+func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
+	nodes, opts, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	clients := make([]goredis.UniversalClient, len(nodes))
+	for i, o := range nodes {
+		clients[i] = goredis.NewClient(o) // connects lazily
+	}
+	l, err := newLocker(clients, opts, true)
+	if err != nil {
+		for _, c := range clients {
+			_ = c.Close()
+		}
+		return nil, err
+	}
+	// A majority must answer; a minority may be down at start.
+	errs := make([]error, len(clients))
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Ping(ctx).Err(); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", nodes[i].Addr, redact(err, u))
+			}
+		}()
+	}
+	wg.Wait()
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			failed++
+		}
+	}
+	if failed > len(clients)-(len(clients)/2+1) {
+		_ = l.Close(context.Background()) // closes the clients
+		return nil, fmt.Errorf("redlock: connecting to %s: %d of %d nodes failed: %w", dlock.Redact(u), failed, len(clients), errors.Join(errs...))
+	}
+	return l, nil
+}
+
+// Parameters this package takes out of a URL before go-redis sees it.
+const (
+	paramPrefix      = "prefix"
+	paramCompat      = "compat"
+	paramNodeTimeout = "node_timeout"
+	paramDrift       = "drift"
+	paramTLSCA       = "tls_ca"
+	paramTLSCert     = "tls_cert"
+	paramTLSKey      = "tls_key"
+	paramTLSServer   = "tls_server_name"
+	paramTLSSkip     = "tls_insecure_skip_verify"
+)
+
+// defaultPort is the port of a host listed without one.
+const defaultPort = "6379"
+
+// parseURL turns a redlock:// or redlocks:// URL into go-redis options for
+// every node and the driver's options, without any network I/O. Every error
+// matches dlock.ErrInvalid and leaves the URL's password out.
+//
+// The TLS parameters are handled as the redis driver handles them for
+// rediss:// URLs (redis/url.go); the code is repeated here by design, so that
+// neither driver exports its URL internals.
+func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
+	if u.Scheme != "redlock" && u.Scheme != "redlocks" {
+		return nil, nil, invalid("scheme %q is not redlock or redlocks", u.Scheme)
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return nil, nil, invalid("URL must look like redlock://host1:port1,host2:port2,host3:port3/db")
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, invalid("malformed query: %v", redactText(err.Error(), u))
+	}
+	lock, err := dlock.OptionsFromQuery(q)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := &Options{Lock: *lock}
+	p := params{q: q}
+	if v, ok := p.take(paramPrefix); ok {
+		opts.KeyPrefix = v
+	}
+	if v, ok := p.take(paramCompat); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			p.fail(invalid("URL parameter %s=%q is not a boolean", paramCompat, v))
+		}
+		opts.Compat = b
+	}
+	for key, dst := range map[string]*time.Duration{paramNodeTimeout: &opts.NodeTimeout, paramDrift: &opts.Drift} {
+		if v, ok := p.take(key); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				p.fail(invalid("URL parameter %s=%q is not a positive duration", key, v))
+			}
+			*dst = d
+		}
+	}
+	ca, _ := p.take(paramTLSCA)
+	cert, _ := p.take(paramTLSCert)
+	key, _ := p.take(paramTLSKey)
+	server, _ := p.take(paramTLSServer)
+	skip := false
+	if v, ok := p.take(paramTLSSkip); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			p.fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
+		}
+		skip = b
+	}
+	if p.err != nil {
+		return nil, nil, p.err
+	}
+	secure := u.Scheme == "redlocks"
+	if !secure && p.tls {
+		return nil, nil, invalid("TLS parameters need a redlocks:// URL")
+	}
+	if (cert == "") != (key == "") {
+		return nil, nil, invalid("%s and %s go together", paramTLSCert, paramTLSKey)
+	}
+
+	var hosts []string
+	for _, h := range strings.Split(u.Host, ",") {
+		if h == "" {
+			return nil, nil, invalid("empty host in the node list %q", u.Host)
+		}
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			h = net.JoinHostPort(h, defaultPort)
+		}
+		host, port, err := net.SplitHostPort(h)
+		if err != nil || host == "" || port == "" {
+			return nil, nil, invalid("malformed node address %q", h)
+		}
+		if slices.Contains(hosts, h) {
+			return nil, nil, invalid("node %s listed twice", h)
+		}
+		hosts = append(hosts, h)
+	}
+	if n := len(hosts); n < 3 || n%2 == 0 {
+		return nil, nil, invalid("%d nodes: Redlock needs an odd number, at least 3", n)
+	}
+
+	var tlsCfg *tls.Config
+	if secure {
+		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		if ca != "" {
+			pem, err := os.ReadFile(ca)
+			if err != nil {
+				return nil, nil, invalid("%s: %v", paramTLSCA, err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, nil, invalid("%s: no PEM certificate in %s", paramTLSCA, ca)
+			}
+			tlsCfg.RootCAs = pool
+		}
+		if cert != "" {
+			pair, err := tls.LoadX509KeyPair(cert, key)
+			if err != nil {
+				return nil, nil, invalid("%s/%s: %v", paramTLSCert, paramTLSKey, err)
+			}
+			tlsCfg.Certificates = []tls.Certificate{pair}
+		}
+		tlsCfg.InsecureSkipVerify = skip
+	}
+
+	scheme := "redis"
+	if secure {
+		scheme = "rediss"
+	}
+	nodes := make([]*goredis.Options, len(hosts))
+	for i, h := range hosts {
+		one := *u
+		one.Scheme, one.Host, one.RawQuery, one.Fragment = scheme, h, q.Encode(), ""
+		o, err := goredis.ParseURL(one.String())
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // url.Error quotes the whole URL
+			}
+			return nil, nil, invalid("%s", strings.TrimPrefix(redactText(err.Error(), u), "redis: "))
+		}
+		o.ContextTimeoutEnabled = true
+		if secure {
+			// go-redis sets ServerName to the host and honours skip_verify;
+			// the TLS parameters above apply to every node.
+			cfg := tlsCfg.Clone()
+			cfg.ServerName = o.TLSConfig.ServerName
+			cfg.InsecureSkipVerify = cfg.InsecureSkipVerify || o.TLSConfig.InsecureSkipVerify
+			if server != "" {
+				cfg.ServerName = server
+			}
+			o.TLSConfig = cfg
+		}
+		nodes[i] = o
+	}
+	return nodes, opts, nil
+}
+
+// params takes single-valued parameters out of a query.
+type params struct {
+	q   url.Values
+	err error
+	tls bool // a tls_ parameter was given
+}
+
+func (p *params) take(key string) (string, bool) {
+	vals, ok := p.q[key]
+	if !ok {
+		return "", false
+	}
+	delete(p.q, key)
+	if strings.HasPrefix(key, "tls_") {
+		p.tls = true
+	}
+	if len(vals) != 1 {
+		p.fail(invalid("URL parameter %q given %d times", key, len(vals)))
+		return "", false
+	}
+	return vals[0], true
+}
+
+func (p *params) fail(err error) {
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+// redactText replaces u's password, in every spelling it may take, with
+// "xxxxx".
+func redactText(s string, u *url.URL) string {
+	if u == nil || u.User == nil {
+		return s
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		return s
+	}
+	for _, form := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), url.UserPassword("", pw).String()[1:]} {
+		if form != "" {
+			s = strings.ReplaceAll(s, form, "xxxxx")
+		}
+	}
+	return s
+}
+
+// redact returns err itself when its text does not contain u's password,
+// and otherwise an error with the password replaced, which drops err from
+// the chain so that nothing can print it.
+func redact(err error, u *url.URL) error {
+	msg := err.Error()
+	if clean := redactText(msg, u); clean != msg {
+		return errors.New(clean)
+	}
+	return err
+}
