@@ -37,9 +37,9 @@ const (
 
 // This file is a copy, by design, of the redis driver's pub/sub hub
 // (redis/notify.go), without its routing of queue grant messages, and with
-// watches that signal a channel of the caller's: a redlock waiter watches one
-// channel on every node and is woken through one channel by whichever node
-// hears a release first. Sharing the code would mean exporting the redis
+// watches that call a function of the caller's: a redlock waiter watches one
+// channel on every node, and decides when to look again from what each node
+// tells it. Sharing the code would mean exporting the redis
 // driver's internals from a package of their own; fixes to one copy apply
 // to the other.
 
@@ -49,7 +49,7 @@ const (
 // channels linger); a waiter's watch returns once the server has confirmed
 // that subscription.
 //
-// Every message on a channel wakes every waiter of that channel.
+// Every message on a channel is passed to every waiter of that channel.
 //
 // Two goroutines, started at the first Watch and stopped by close: the
 // writer sends SUBSCRIBE and UNSUBSCRIBE for the channels whose wanted state
@@ -110,10 +110,14 @@ type watched struct {
 
 // watcher is one waiter's registration on a channel.
 type watcher struct {
-	h    *hub
-	w    *watched
-	c    chan struct{} // 1-buffered, the caller's: look again
-	once sync.Once
+	h *hub
+	w *watched
+	// notify is told to look again: message is true for a message published
+	// on the channel, false when the connection failed or was subscribed
+	// again (a release may have gone unheard). It is called with h.mu held
+	// and must not block.
+	notify func(message bool)
+	once   sync.Once
 }
 
 // stop ends the watch; it may be called more than once.
@@ -131,12 +135,12 @@ func (h *hub) init(client goredis.UniversalClient, confirmTimeout time.Duration)
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 }
 
-// watch registers a waiter on channel, signalled on c (1-buffered, possibly
-// shared with other watches), and returns once the server has confirmed the
+// watch registers a waiter on channel, told through notify, and returns once
+// the server has confirmed the
 // subscription, the connection failed (an error: the caller falls back to
 // polling and may watch again), ctx ended or the hub closed. The watcher's
 // stop ends it.
-func (h *hub) watch(ctx context.Context, channel string, c chan struct{}) (*watcher, error) {
+func (h *hub) watch(ctx context.Context, channel string, notify func(message bool)) (*watcher, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -154,7 +158,7 @@ func (h *hub) watch(ctx context.Context, channel string, c chan struct{}) (*watc
 		w = &watched{name: channel, waiters: map[*watcher]struct{}{}, ready: make(chan struct{})}
 		h.chans[channel] = w
 	}
-	x := &watcher{h: h, w: w, c: c}
+	x := &watcher{h: h, w: w, notify: notify}
 	w.waiters[x] = struct{}{}
 	h.stopLinger(w)
 	if len(w.waiters) == 1 {
@@ -415,7 +419,7 @@ func (h *hub) received(epoch uint64, msg any) {
 		if w == nil {
 			return
 		}
-		w.wake()
+		w.wake(true)
 	case *goredis.Subscription:
 		w := h.chans[m.Channel]
 		if w == nil || w.pending == 0 {
@@ -428,7 +432,7 @@ func (h *hub) received(epoch uint64, msg any) {
 			close(w.ready)
 			if w.rewake {
 				w.rewake = false
-				w.wake()
+				w.wake(false)
 			}
 		}
 		h.forgetIfIdle(w)
@@ -446,9 +450,9 @@ func (h *hub) answered(now time.Time) {
 }
 
 // wake tells every waiter of w to try again; h.mu held.
-func (w *watched) wake() {
+func (w *watched) wake(message bool) {
 	for x := range w.waiters {
-		signal(x.c)
+		x.notify(message)
 	}
 }
 
@@ -502,7 +506,7 @@ func (h *hub) endEpoch(epoch uint64) bool {
 		h.stopLinger(w)
 		if len(w.waiters) > 0 {
 			w.rewake = true
-			w.wake()
+			w.wake(false)
 			h.markDirty(w)
 		} else {
 			h.forgetIfIdle(w)

@@ -143,7 +143,9 @@ type Options struct {
 // The clients should have ContextTimeoutEnabled set: the Locker bounds
 // every request with a context, and without it go-redis ignores context
 // deadlines on reads, so that a request to a paused node blocks until
-// ReadTimeout instead of the node timeout.
+// ReadTimeout instead of the node timeout. DialerRetries: 1 makes a request
+// to a node that refuses connections fail at once, rather than after
+// go-redis's dial retries (the clients Open makes are set up both ways).
 func New(clients []goredis.UniversalClient, opts *Options) (dlock.Locker, error) {
 	return newLocker(clients, opts, false)
 }
@@ -459,12 +461,12 @@ func (d *driver) refused(key string, start time.Time, busy []acqReply, errs []er
 
 // Watch subscribes to name's release channel on every node and returns once
 // a majority has confirmed: a release deletes the lock on at least a
-// majority, so one of them tells the waiter. A message from any node wakes
-// the waiter.
+// majority, so one of them tells the waiter. See releaseWatch for when the
+// waiter is woken.
 func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
 	channel := d.channel(name)
 	n, q := len(d.nodes), d.quorum
-	c := make(chan struct{}, 1)
+	rw := newReleaseWatch(n, q)
 	wctx, cancel := context.WithCancel(context.Background())
 	var (
 		wg       sync.WaitGroup
@@ -472,11 +474,11 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 		watchers []*watcher
 	)
 	results := make(chan error, n)
-	for _, nd := range d.nodes {
+	for i, nd := range d.nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x, err := nd.hub.watch(wctx, channel, c)
+			x, err := nd.hub.watch(wctx, channel, func(message bool) { rw.notify(i, message) })
 			if err == nil {
 				mu.Lock()
 				watchers = append(watchers, x)
@@ -495,6 +497,7 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 			for _, x := range watchers {
 				x.stop()
 			}
+			rw.stop()
 		})
 	}
 	var errs []error
@@ -515,7 +518,7 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 			return nil, nil, ctx.Err()
 		}
 	}
-	return c, stop, nil
+	return rw.c, stop, nil
 }
 
 func (d *driver) Close() error {

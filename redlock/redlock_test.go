@@ -20,7 +20,14 @@ import (
 	"go.uber.org/goleak"
 )
 
+// quiet drops go-redis's log lines: the fault tests make it log every
+// failed dial to a killed node.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
 func TestMain(m *testing.M) {
+	goredis.SetLogger(quiet{})
 	code := m.Run()
 	if err := servers.CloseAll(); err != nil {
 		fmt.Fprintln(os.Stderr, "closing test servers:", err)
@@ -184,7 +191,7 @@ func (ps proxies) SetLatency(d time.Duration) {
 // newClient returns a go-redis client on addr, closed at cleanup.
 func newClient(t testing.TB, addr string) *goredis.Client {
 	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, DialerRetries: 1})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

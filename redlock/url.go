@@ -211,6 +211,10 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 			return nil, nil, invalid("%s", strings.TrimPrefix(redactText(err.Error(), u), "redis: "))
 		}
 		o.ContextTimeoutEnabled = true
+		// One dial per attempt: a node that refuses connections fails the
+		// request at once instead of after go-redis's dial retries (the
+		// quorum, not the client, copes with a node that is down).
+		o.DialerRetries = 1
 		if secure {
 			// go-redis sets ServerName to the host and honours skip_verify;
 			// the TLS parameters above apply to every node.
