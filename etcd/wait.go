@@ -38,8 +38,8 @@ var errWaiterExpired = errors.New("etcd: the waiter's etcd lease expired while i
 
 // waiter is one Acquire in progress, with its key in the queue.
 type waiter struct {
-	d   *driver
-	k   keys
+	d     *driver
+	k     keys
 	rev   int64 // the create revision of its key
 	l     *lease
 	value string
