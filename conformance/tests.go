@@ -659,14 +659,34 @@ func testDelayedRefresh(s *suite) {
 	b, _ := s.locker(s.opts())
 	name := s.name()
 	ls := s.acquire(a, name, nil)
+	// The loss is timed as it happens, not when b's wait is over: the
+	// backend may keep the lock up to ExpirySlack past a's ValidUntil.
+	lost := make(chan time.Time, 1)
+	go func() {
+		select {
+		case <-ls.Done():
+			lost <- time.Now()
+		case <-s.ctx.Done():
+		}
+	}()
 	// From now on a's requests arrive a TTL late: its first watchdog refresh
 	// reaches the server after the lock has expired.
 	fa.SetLatency(s.cfg.TTL)
 	start := time.Now()
 	lb := s.acquire(b, name, nil)
-	lostAt := s.waitDone(ls, s.cfg.TTL+s.cfg.Tolerance)
-	if late := lostAt.Sub(ls.ValidUntil()); late > s.cfg.Tolerance {
+	grantedAt := time.Now()
+	var lostAt time.Time
+	select {
+	case lostAt = <-lost:
+	case <-time.After(s.cfg.TTL + s.cfg.Tolerance):
+		s.t.Fatalf("lease %q did not end within %v of b's grant", ls.Name(), s.cfg.TTL+s.cfg.Tolerance)
+	}
+	until := ls.ValidUntil()
+	if late := lostAt.Sub(until); late > s.cfg.Tolerance {
 		s.t.Errorf("loss signalled %v after ValidUntil", late)
+	}
+	if late := grantedAt.Sub(until); late > s.caps.ExpirySlack+s.cfg.Tolerance {
+		s.t.Errorf("b granted %v after a's ValidUntil, want within ExpirySlack %v", late, s.caps.ExpirySlack)
 	}
 	// Let every delayed request of a's arrive (sent before its loss at
 	// most TTL after start, delivered a TTL later).

@@ -1,0 +1,256 @@
+package etcd
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dlock/dlock"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+func init() {
+	dlock.Register("etcd", open)
+	dlock.Register("etcds", open)
+}
+
+// defaultDialTimeout bounds connecting and authenticating when the URL does
+// not say.
+const defaultDialTimeout = 5 * time.Second
+
+// Parameters this package reads from a URL, besides dlock's.
+const (
+	paramDialTimeout  = "dial_timeout"
+	paramKeepAlive    = "dial_keep_alive_time"
+	paramKeepAliveTO  = "dial_keep_alive_timeout"
+	paramAutoSync     = "auto_sync_interval"
+	paramTLSCA        = "tls_ca"
+	paramTLSCert      = "tls_cert"
+	paramTLSKey       = "tls_key"
+	paramTLSServer    = "tls_server_name"
+	paramTLSSkip      = "tls_insecure_skip_verify"
+	defaultClientPort = "2379"
+)
+
+// open is the dlock.OpenFunc for etcd:// and etcds:// URLs.
+func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
+	cfg, opts, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < cfg.DialTimeout {
+			cfg.DialTimeout = max(left, time.Millisecond)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), err)
+	}
+	client, err := clientv3.New(*cfg) // authenticates, bounded by DialTimeout
+	if err != nil {
+		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), redact(err, u))
+	}
+	l, err := newLocker(client, opts, true)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	// One read under the prefix: the address, the credentials and the
+	// permission are checked here rather than at the first lock.
+	if _, err := client.Get(ctx, opts.KeyPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1)); err != nil {
+		_ = l.Close(context.Background()) // closes the client
+		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), redact(err, u))
+	}
+	return l, nil
+}
+
+// parseURL turns an etcd:// or etcds:// URL into a client configuration and
+// the driver's options, without any I/O except reading TLS files. Every
+// error matches dlock.ErrInvalid and leaves the URL's password out.
+func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
+	if u.Scheme != "etcd" && u.Scheme != "etcds" {
+		return nil, nil, invalid("scheme %q is not etcd or etcds", u.Scheme)
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return nil, nil, invalid("URL must look like etcd://host:2379[,host:2379…][/prefix]")
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, invalid("malformed query: %v", redactText(err.Error(), u))
+	}
+	lock, err := dlock.OptionsFromQuery(q)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := &Options{Lock: *lock, KeyPrefix: DefaultKeyPrefix}
+	if u.Path != "" {
+		opts.KeyPrefix = u.Path
+	}
+
+	secure := u.Scheme == "etcds"
+	cfg := &clientv3.Config{
+		DialTimeout: defaultDialTimeout,
+		Logger:      zap.NewNop(),
+	}
+	scheme := "http://"
+	if secure {
+		scheme = "https://"
+	}
+	for _, h := range strings.Split(u.Host, ",") {
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			if !strings.Contains(err.Error(), "missing port") {
+				return nil, nil, invalid("endpoint %q is not host:port", h)
+			}
+			host, port = strings.Trim(h, "[]"), defaultClientPort
+		}
+		if host == "" {
+			return nil, nil, invalid("endpoint %q has no host", h)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return nil, nil, invalid("endpoint %q has a bad port", h)
+		}
+		cfg.Endpoints = append(cfg.Endpoints, scheme+net.JoinHostPort(host, port))
+	}
+	if u.User != nil {
+		cfg.Username = u.User.Username()
+		cfg.Password, _ = u.User.Password()
+		if cfg.Username == "" || cfg.Password == "" {
+			return nil, nil, invalid("etcd authentication needs both a user and a password")
+		}
+	}
+
+	p := params{q: q}
+	for key, dst := range map[string]*time.Duration{
+		paramDialTimeout: &cfg.DialTimeout,
+		paramKeepAlive:   &cfg.DialKeepAliveTime,
+		paramKeepAliveTO: &cfg.DialKeepAliveTimeout,
+		paramAutoSync:    &cfg.AutoSyncInterval,
+	} {
+		if v, ok := p.take(key); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				p.fail(invalid("URL parameter %s=%q is not a positive duration", key, v))
+			}
+			*dst = d
+		}
+	}
+	ca, _ := p.take(paramTLSCA)
+	cert, _ := p.take(paramTLSCert)
+	key, _ := p.take(paramTLSKey)
+	server, _ := p.take(paramTLSServer)
+	skip := false
+	if v, ok := p.take(paramTLSSkip); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			p.fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
+		}
+		skip = b
+	}
+	if p.err != nil {
+		return nil, nil, p.err
+	}
+	if err := dlock.RejectUnknown(q); err != nil {
+		return nil, nil, err
+	}
+	if !secure && p.tls {
+		return nil, nil, invalid("TLS parameters need an etcds:// URL")
+	}
+	if (cert == "") != (key == "") {
+		return nil, nil, invalid("%s and %s go together", paramTLSCert, paramTLSKey)
+	}
+	if secure {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: server, InsecureSkipVerify: skip}
+		if ca != "" {
+			pem, err := os.ReadFile(ca)
+			if err != nil {
+				return nil, nil, invalid("%s: %v", paramTLSCA, err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, nil, invalid("%s: no PEM certificate in %s", paramTLSCA, ca)
+			}
+			tc.RootCAs = pool
+		}
+		if cert != "" {
+			pair, err := tls.LoadX509KeyPair(cert, key)
+			if err != nil {
+				return nil, nil, invalid("%s/%s: %v", paramTLSCert, paramTLSKey, err)
+			}
+			tc.Certificates = []tls.Certificate{pair}
+		}
+		cfg.TLS = tc
+	}
+	return cfg, opts, nil
+}
+
+// params takes single-valued parameters out of a query.
+type params struct {
+	q   url.Values
+	err error
+	tls bool // a tls_ parameter was given
+}
+
+func (p *params) take(key string) (string, bool) {
+	vals, ok := p.q[key]
+	if !ok {
+		return "", false
+	}
+	delete(p.q, key)
+	if strings.HasPrefix(key, "tls_") {
+		p.tls = true
+	}
+	if len(vals) != 1 {
+		p.fail(invalid("URL parameter %q given %d times", key, len(vals)))
+		return "", false
+	}
+	return vals[0], true
+}
+
+func (p *params) fail(err error) {
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: etcd: %s", dlock.ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// redactText replaces u's password, in every spelling it may take, with
+// "xxxxx".
+func redactText(s string, u *url.URL) string {
+	if u == nil || u.User == nil {
+		return s
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		return s
+	}
+	for _, form := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), url.UserPassword("", pw).String()[1:]} {
+		if form != "" {
+			s = strings.ReplaceAll(s, form, "xxxxx")
+		}
+	}
+	return s
+}
+
+// redact returns err itself when its text does not contain u's password,
+// and otherwise an error with the password replaced, which drops err from
+// the chain so that nothing can print it.
+func redact(err error, u *url.URL) error {
+	msg := err.Error()
+	if clean := redactText(msg, u); clean != msg {
+		return errors.New(clean)
+	}
+	return err
+}

@@ -1,0 +1,313 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Retry delays of a waiter after a backend error (a lost leader, a broken
+// connection): jittered, doubling from retryMin up to retryMax.
+const (
+	retryMin = 10 * time.Millisecond
+	retryMax = time.Second
+)
+
+// cleanupTimeout bounds the deletion of a waiter's key when its wait ends
+// without a grant; if it fails the key goes with its etcd lease, which is no
+// longer renewed and is revoked in the background.
+const cleanupTimeout = time.Second
+
+// Test hooks, nil outside tests.
+var (
+	// beforeWatch runs between the read that found a waiter's predecessor
+	// and the watch on it.
+	beforeWatch func(ctx context.Context, pred string, rev int64)
+)
+
+// errWaiterExpired reports that a waiter's etcd lease expired while it
+// waited: it is not granted.
+var errWaiterExpired = errors.New("etcd: the waiter's etcd lease expired while it waited (its connection was down for longer than its TTL?)")
+
+// waiter is one Acquire in progress, with its key in the queue.
+type waiter struct {
+	d     *driver
+	k     keys
+	rev   int64 // the create revision of its key
+	l     *lease
+	value string
+
+	// What the last read said: the predecessor's key, whether it was the
+	// holder then, and the revision of the read.
+	pred        string
+	predIsFirst bool
+	seen        int64
+}
+
+// Acquire puts the waiter's key and reads its predecessor in one
+// transaction, then waits for its predecessors to go (see the package doc).
+func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+	k := d.keys(req.Name, req.Token)
+	keysOnly := clientv3.WithKeysOnly()
+	var (
+		l    *lease
+		resp *clientv3.TxnResponse
+		err  error
+	)
+	for retried := false; ; retried = true {
+		l, err = d.takeLease(ctx, seconds(req.TTL))
+		if err != nil {
+			return nil, d.waitError(ctx, k, fmt.Errorf("granting a lease: %w", err))
+		}
+		resp, err = d.c.Txn(ctx).Then(
+			clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id)),
+			// The newest two: ours and our predecessor.
+			clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
+			clientv3.OpGet(k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
+		).Commit()
+		if err == nil {
+			break
+		}
+		if leaseGone(err) && !retried {
+			continue // an idle lease was revoked behind our back
+		}
+		// The key may be there: revoking the lease removes it.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		_, _ = d.c.Revoke(cctx, l.id)
+		cancel()
+		return nil, d.waitError(ctx, k, err)
+	}
+	w := &waiter{d: d, k: k, rev: resp.Header.Revision, l: l, value: req.Metadata, seen: resp.Header.Revision}
+	first := resp.Responses[2].GetResponseRange().GetKvs()
+	if len(first) > 0 && first[0].CreateRevision == w.rev {
+		return w.grant(), nil
+	}
+	newest := resp.Responses[1].GetResponseRange().GetKvs()
+	if len(first) == 0 || len(newest) < 2 || newest[0].CreateRevision != w.rev {
+		w.leave(ctx)
+		return nil, fmt.Errorf("%w: etcd: the queue of %q changed under the waiter's own put (its lease expired?)", dlock.ErrNotAcquired, k.prefix)
+	}
+	w.pred, w.predIsFirst = string(newest[1].Key), newest[1].CreateRevision == first[0].CreateRevision
+	g, err := w.wait(ctx)
+	if err != nil {
+		w.leave(ctx)
+		return nil, d.waitError(ctx, k, err)
+	}
+	return g, nil
+}
+
+func (d *driver) waitError(ctx context.Context, k keys, err error) error {
+	if ctx.Err() != nil {
+		return errors.Join(dlock.ErrNotAcquired, ctx.Err())
+	}
+	if errors.Is(err, dlock.ErrNotAcquired) {
+		return err
+	}
+	return fmt.Errorf("%w: etcd: waiting for %q: %w", dlock.ErrNotAcquired, k.prefix, err)
+}
+
+func (w *waiter) grant() *dlock.Grant {
+	return w.d.grant(w.k, w.rev, w.value, w.l)
+}
+
+// leave deletes the waiter's key, if it is still there, after a wait that
+// ended without a grant, and gives its etcd lease back to the pool; when it
+// cannot, it revokes the etcd lease in the background.
+func (w *waiter) leave(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	resp, err := w.d.c.Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(w.k.key), "=", w.rev)).
+		Then(clientv3.OpDelete(w.k.key)).
+		Commit()
+	switch {
+	case err != nil:
+		w.d.revoke(w.l)
+	case resp.Succeeded:
+		w.d.putLease(w.l)
+	default: // gone with its etcd lease
+	}
+}
+
+// wait blocks until the waiter's key is the first under its prefix, its ctx
+// ends, or its etcd lease is found gone, keeping the etcd lease alive
+// meanwhile.
+func (w *waiter) wait(ctx context.Context) (*dlock.Grant, error) {
+	kctx, stop := context.WithCancel(ctx)
+	gone := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.keepAlive(kctx, gone)
+	}()
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+
+	backoff := retryMin
+	for {
+		deleted, err := w.watch(ctx, gone)
+		if err == nil && deleted && w.predIsFirst && time.Now().Before(w.l.validUntil()) {
+			// The holder's key is gone and none older than ours can appear:
+			// ours is first, and alive.
+			return w.grant(), nil
+		}
+		if err == nil {
+			var first bool
+			first, err = w.query(ctx)
+			if err == nil && first {
+				if g, err := w.confirm(ctx); err == nil || ctx.Err() != nil || errors.Is(err, errWaiterExpired) {
+					return g, err
+				}
+			}
+			if err == nil {
+				backoff = retryMin
+				continue
+			}
+		}
+		if ctx.Err() != nil || errors.Is(err, errWaiterExpired) {
+			return nil, err
+		}
+		// A backend error: try again until ctx ends.
+		t := time.NewTimer(backoff + rand.N(backoff/4+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case err := <-gone:
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, retryMax)
+	}
+}
+
+// confirm grants a waiter found first, renewing its etcd lease first when
+// its life can no longer be vouched for.
+func (w *waiter) confirm(ctx context.Context) (*dlock.Grant, error) {
+	if time.Since(w.l.lastSent()) >= w.l.granted/3 {
+		if err := w.d.keepAlive(ctx, w.l); err != nil {
+			if leaseGone(err) {
+				return nil, errWaiterExpired
+			}
+			if time.Now().After(w.l.validUntil()) {
+				return nil, err
+			}
+		}
+	}
+	return w.grant(), nil
+}
+
+// watch waits for the deletion of w.pred, watched from now on: once the
+// watch is in place it checks that the key was not deleted since w.seen.
+// It returns deleted=false, err=nil when the watch ended otherwise (a
+// compaction, a lost leader, a reconnection): the queue must be read again.
+func (w *waiter) watch(ctx context.Context, gone <-chan error) (deleted bool, err error) {
+	if beforeWatch != nil {
+		beforeWatch(ctx, w.pred, w.seen)
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wc := w.d.c.Watch(wctx, w.pred, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	for {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case err := <-gone:
+			return false, err
+		case wr, ok := <-wc:
+			if !ok || wr.Canceled || wr.Err() != nil {
+				return false, nil
+			}
+			if wr.Created {
+				if wr.Header.Revision <= w.seen {
+					continue
+				}
+				// Revisions went by between the read and the watch: was
+				// the predecessor deleted meanwhile?
+				resp, err := w.d.c.Get(ctx, w.pred, clientv3.WithCountOnly())
+				if err != nil {
+					return false, err
+				}
+				if resp.Count == 0 {
+					return true, nil
+				}
+				continue
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					return true, nil
+				}
+			}
+		}
+	}
+}
+
+// query reads the queue again: whether the waiter's key is first, and
+// otherwise its predecessor now. It fails with errWaiterExpired when the
+// waiter's key is gone.
+func (w *waiter) query(ctx context.Context) (first bool, err error) {
+	keysOnly := clientv3.WithKeysOnly()
+	resp, err := w.d.c.Txn(ctx).Then(
+		clientv3.OpGet(w.k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
+		clientv3.OpGet(w.k.prefix, append(clientv3.WithLastCreate(), keysOnly, clientv3.WithMaxCreateRev(w.rev-1))...),
+		clientv3.OpGet(w.k.key, clientv3.WithCountOnly()),
+	).Commit()
+	if err != nil {
+		return false, err
+	}
+	if resp.Responses[2].GetResponseRange().GetCount() == 0 {
+		return false, errWaiterExpired
+	}
+	firstKV := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(firstKV) == 0 || firstKV[0].CreateRevision == w.rev {
+		return true, nil
+	}
+	pred := resp.Responses[1].GetResponseRange().GetKvs()
+	if len(pred) == 0 { // cannot be: the first one is older than ours
+		return false, fmt.Errorf("etcd: inconsistent read of %q", w.k.prefix)
+	}
+	w.pred = string(pred[0].Key)
+	w.predIsFirst = pred[0].CreateRevision == firstKV[0].CreateRevision
+	w.seen = resp.Header.Revision
+	return false, nil
+}
+
+// keepAlive renews the waiter's etcd lease every third of its TTL until ctx
+// ends, retrying failures with backoff; it reports on gone, and returns, when
+// the server says the etcd lease no longer exists.
+func (w *waiter) keepAlive(ctx context.Context, gone chan<- error) {
+	backoff := retryMin
+	t := time.NewTimer(time.Until(w.l.lastSent().Add(w.l.granted / 3)))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := w.d.keepAlive(ctx, w.l)
+		switch {
+		case err == nil:
+			backoff = retryMin
+			t.Reset(time.Until(w.l.lastSent().Add(w.l.granted / 3)))
+		case leaseGone(err):
+			gone <- errWaiterExpired
+			return
+		default:
+			t.Reset(backoff + rand.N(backoff/4+1))
+			backoff = min(2*backoff, retryMax)
+		}
+	}
+}
