@@ -1,0 +1,652 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/go-zookeeper/zk"
+)
+
+// errRequeue: the attempt's node is gone (its session ended, or someone
+// deleted it); the wait goes on with a new node at the end of the queue.
+var errRequeue = errors.New("zookeeper: the waiter's node is gone")
+
+// node is a lock node the driver created.
+type node struct {
+	path  string // parent/child
+	child string // its name under the parent
+	czxid int64  // the zxid that created it: the fencing token
+	gen   *generation
+}
+
+// TryAcquire enqueues a node, and takes the lock if it is first; otherwise it
+// deletes the node again before it returns dlock.Busy.
+func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+	return d.acquire(ctx, req, false)
+}
+
+// Acquire enqueues a node and waits, watching its predecessor, until it is
+// first (dlock.Waiter).
+func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+	return d.acquire(ctx, req, true)
+}
+
+func (d *driver) acquire(ctx context.Context, req dlock.Request, wait bool) (*dlock.Grant, error) {
+	s, err := d.session(ctx, req.TTL)
+	if err != nil {
+		return nil, err
+	}
+	parent := d.parent(req.Name)
+	var b backoff
+	for requeued := 0; ; {
+		var n node
+		n, err = d.create(ctx, s, parent, req.Token, []byte(req.Metadata))
+		if err == nil {
+			var g *dlock.Grant
+			g, err = d.queue(ctx, s, parent, n, req, wait)
+			if err == nil {
+				return g, nil // the lease keeps the session's count
+			}
+			if errors.Is(err, errRequeue) && (wait || requeued < 2) {
+				requeued++
+				continue
+			}
+		}
+		if ctx.Err() != nil || !wait || !transient(err) || !b.sleep(ctx, nil) {
+			break
+		}
+	}
+	s.unref()
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return nil, err
+	}
+	return nil, fmt.Errorf("zookeeper: acquiring %s: %w", parent, err)
+}
+
+// create adds the attempt's node under parent, creating parent (and the
+// root) when missing. The node is created in a multi-op with an empty
+// setData on parent, whose reply carries the transaction's zxid: the node's
+// czxid, without another round trip.
+//
+// When the reply is lost the node is looked for by its GUID, so that it is
+// neither created twice nor left behind; when ctx ends with the create in
+// flight, its outcome is cleaned up in the background.
+func (d *driver) create(ctx context.Context, s *session, parent, guid string, data []byte) (node, error) {
+	prefix := nodePrefix(parent, guid)
+	for tries := 0; ; tries++ {
+		g := s.live()
+		if g == nil {
+			return node{}, errNoSession
+		}
+		var res []zk.MultiResponse
+		err := s.do(ctx, func() (err error) {
+			res, err = s.conn.Multi(
+				&zk.CreateRequest{Path: prefix, Data: data, Acl: d.acl, Flags: zk.FlagEphemeralSequential},
+				&zk.SetDataRequest{Path: parent, Version: -1},
+			)
+			return err
+		}, func(err error) {
+			switch {
+			case err == nil:
+				d.reap(s, g, res[0].String, "", "")
+			case errors.Is(err, zk.ErrConnectionClosed):
+				d.reap(s, g, "", parent, guid)
+			}
+		})
+		switch {
+		case err == nil:
+			n := node{path: res[0].String, child: path.Base(res[0].String), czxid: res[1].Stat.Mzxid, gen: g}
+			if !s.isLive(g) { // the session ended meanwhile, and the node with it
+				return node{}, errNoSession
+			}
+			return n, nil
+		case errors.Is(err, zk.ErrNoNode) && tries < 4:
+			if err := d.makeParent(ctx, s, parent); err != nil {
+				return node{}, err
+			}
+		case errors.Is(err, zk.ErrConnectionClosed):
+			n, found, err := d.find(ctx, s, g, parent, guid)
+			if err != nil || found {
+				return n, err
+			}
+			// Not created: try again.
+		default:
+			return node{}, err
+		}
+	}
+}
+
+// find looks for the node with the given GUID under parent, after a create
+// whose reply was lost; found is false when the create did not happen. When
+// ctx ends first, a node it may have made is removed in the background.
+func (d *driver) find(ctx context.Context, s *session, g *generation, parent, guid string) (n node, found bool, err error) {
+	var b backoff
+	for {
+		if !s.isLive(g) {
+			return node{}, false, nil // the node, if any, went with the session
+		}
+		var children []string
+		err = s.do(ctx, func() (err error) {
+			children, _, err = s.conn.Children(parent)
+			return err
+		}, nil)
+		if err == nil {
+			for _, c := range children {
+				if guidOf(c) != guid {
+					continue
+				}
+				p := parent + "/" + c
+				var (
+					ok bool
+					st *zk.Stat
+				)
+				err = s.do(ctx, func() (err error) {
+					ok, st, err = s.conn.Exists(p)
+					return err
+				}, nil)
+				if err == nil {
+					if !ok || st.EphemeralOwner != g.sid {
+						return node{}, false, nil
+					}
+					return node{path: p, child: c, czxid: st.Czxid, gen: g}, true, nil
+				}
+				break
+			}
+			if err == nil {
+				return node{}, false, nil
+			}
+		}
+		if errors.Is(err, zk.ErrNoNode) {
+			return node{}, false, nil
+		}
+		if ctx.Err() != nil || !transient(err) || !b.sleep(ctx, g.gone) {
+			d.reap(s, g, "", parent, guid)
+			return node{}, false, err
+		}
+	}
+}
+
+// makeParent creates the container node of a name, and the root when it is
+// missing.
+func (d *driver) makeParent(ctx context.Context, s *session, parent string) error {
+	for tries := 0; ; tries++ {
+		err := s.do(ctx, func() error {
+			_, err := s.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
+			return err
+		}, nil)
+		if err == nil || errors.Is(err, zk.ErrNodeExists) {
+			return nil
+		}
+		if !errors.Is(err, zk.ErrNoNode) || tries > 0 {
+			return err
+		}
+		// The root is missing: create it, component by component.
+		for i := 1; i <= len(d.root); i++ {
+			if i < len(d.root) && d.root[i] != '/' {
+				continue
+			}
+			p := d.root[:i]
+			err := s.do(ctx, func() error {
+				_, err := s.conn.Create(p, nil, 0, d.acl)
+				return err
+			}, nil)
+			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return err
+			}
+		}
+	}
+}
+
+// queue waits until n is the first lock node under parent (or, without
+// wait, finds out whether it is), watching only its predecessor. When it
+// returns without a grant, n has been deleted, or is being deleted in the
+// background if that takes long.
+//
+// The lease's validity counts from the listing that found n first, once the
+// attempt has waited; before that, from the call (Grant.Sent zero), which is
+// earlier still.
+func (d *driver) queue(ctx context.Context, s *session, parent string, n node, req dlock.Request, wait bool) (*dlock.Grant, error) {
+	var b backoff
+	for first := true; ; first = false {
+		sent := time.Now()
+		var children []string
+		err := s.do(ctx, func() (err error) {
+			children, _, err = s.conn.Children(parent)
+			return err
+		}, nil)
+		if err == nil {
+			if !s.isLive(n.gen) {
+				return nil, errRequeue
+			}
+			q := queue(children)
+			i := 0
+			for i < len(q) && q[i].name != n.child {
+				i++
+			}
+			switch {
+			case i == len(q): // deleted by someone else
+				return nil, errRequeue
+			case i == 0:
+				if first {
+					sent = time.Time{}
+				}
+				return d.grant(s, n, req, sent), nil
+			case !wait:
+				d.leave(s, n, req.TTL)
+				return nil, dlock.Busy(0)
+			}
+			pred := parent + "/" + q[i-1].name
+			var watch <-chan zk.Event
+			err = s.do(ctx, func() (err error) {
+				_, _, watch, err = s.conn.GetW(pred)
+				return err
+			}, nil)
+			if errors.Is(err, zk.ErrNoNode) {
+				continue // gone already: look again
+			}
+			if err == nil {
+				b = backoff{}
+				select {
+				case <-watch: // deleted or changed, or the watch was dropped: look again
+					continue
+				case <-n.gen.gone:
+					return nil, errRequeue
+				case <-ctx.Done():
+					err = ctx.Err()
+				}
+			}
+		}
+		if !s.isLive(n.gen) {
+			return nil, errRequeue
+		}
+		if ctx.Err() != nil || !wait || !transient(err) || !b.sleep(ctx, n.gen.gone) {
+			d.leave(s, n, req.TTL)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, err
+		}
+	}
+}
+
+// leave deletes a node whose attempt ended without the lock, waiting for it
+// up to half the TTL (at most a second); the deletion carries on in the
+// background after that.
+func (d *driver) leave(s *session, n node, ttl time.Duration) {
+	done := d.reap(s, n.gen, n.path, "", "")
+	t := time.NewTimer(min(ttl/2, time.Second))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// reap deletes a node the driver created, in the background: the one at
+// path, or else the one with the GUID guid under parent. It retries through
+// connection trouble until the node is gone, its generation has ended (an
+// ephemeral node goes with its session) or the driver closes. The caller
+// must hold a count on s. done is closed when it is over.
+func (d *driver) reap(s *session, g *generation, path, parent, guid string) <-chan struct{} {
+	done := make(chan struct{})
+	s.ref()
+	ok := d.goBG(func() {
+		defer close(done)
+		defer s.unref()
+		var b backoff
+		for s.isLive(g) {
+			err := d.reapOnce(s, path, parent, guid)
+			if err == nil || !transient(err) || !b.sleep(d.ctx, g.gone) {
+				return
+			}
+		}
+	})
+	if !ok {
+		s.unref()
+		close(done)
+	}
+	return done
+}
+
+func (d *driver) reapOnce(s *session, path, parent, guid string) error {
+	if path == "" {
+		var children []string
+		err := s.do(d.ctx, func() (err error) {
+			children, _, err = s.conn.Children(parent)
+			return err
+		}, nil)
+		if err != nil {
+			if errors.Is(err, zk.ErrNoNode) {
+				return nil
+			}
+			return err
+		}
+		for _, c := range children {
+			if guidOf(c) == guid {
+				path = parent + "/" + c
+			}
+		}
+		if path == "" {
+			return nil
+		}
+	}
+	err := s.do(d.ctx, func() error { return s.conn.Delete(path, 0) }, nil)
+	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+		return nil
+	}
+	return err
+}
+
+// grant makes the lease's handle for n, first in the queue as of a listing
+// sent at sent (zero: the lease counts from the call).
+func (d *driver) grant(s *session, n node, req dlock.Request, sent time.Time) *dlock.Grant {
+	ttl := req.TTL
+	if s.owned {
+		ttl = n.gen.timeout
+	}
+	h := &handle{d: d, path: n.path, data: []byte(req.Metadata), lost: make(chan struct{}), s: s, gen: n.gen, ttl: ttl}
+	expireAt := sent
+	if expireAt.IsZero() {
+		expireAt = time.Now()
+	}
+	h.mu.Lock()
+	h.expiry = time.AfterFunc(time.Until(expireAt.Add(ttl)), h.expire)
+	h.mu.Unlock()
+	d.track(h)
+	if !s.register(h, n.gen) {
+		h.gone(n.gen)
+	}
+	return &dlock.Grant{Handle: h, Fence: uint64(n.czxid), TTL: ttl, Lost: h.lost, Sent: sent}
+}
+
+type handleState int
+
+const (
+	held handleState = iota
+	released
+	dropped // lost: deleted by the expiry timer, gone with its session, or missing
+)
+
+// handle is one lease's lock node.
+type handle struct {
+	d    *driver
+	path string
+	data []byte
+	lost chan struct{} // closed when the node's session ends
+
+	mu     sync.Mutex
+	s      *session // holds a count for the handle while held
+	gen    *generation
+	ttl    time.Duration
+	expiry *time.Timer // deletes the node a TTL after the last refresh was sent
+	state  handleState
+}
+
+// expire runs when the TTL has passed since the last refresh was sent
+// without another one: the lease has ended (its ValidUntil was earlier), but
+// the session lives on, pinged by go-zookeeper, and with it the node. Delete
+// it.
+func (h *handle) expire() {
+	h.mu.Lock()
+	if h.state != held {
+		h.mu.Unlock()
+		return
+	}
+	h.state = dropped
+	s, g := h.s, h.gen
+	h.mu.Unlock()
+	s.unregister(h, g)
+	h.d.untrack(h)
+	h.d.reap(s, g, h.path, "", "")
+	s.unref()
+}
+
+// gone runs when generation g has ended: if the lease's node was in it, the
+// lease is lost.
+func (h *handle) gone(g *generation) {
+	h.mu.Lock()
+	if h.state != held || h.gen != g {
+		h.mu.Unlock()
+		return
+	}
+	h.state = dropped
+	h.expiry.Stop()
+	s := h.s
+	h.mu.Unlock()
+	close(h.lost)
+	h.d.untrack(h)
+	s.unref()
+}
+
+// finish ends a held handle as released or dropped.
+func (h *handle) finish(st handleState) {
+	h.mu.Lock()
+	if h.state != held {
+		h.mu.Unlock()
+		return
+	}
+	h.state = st
+	h.expiry.Stop()
+	s, g := h.s, h.gen
+	h.mu.Unlock()
+	s.unregister(h, g)
+	h.d.untrack(h)
+	s.unref()
+}
+
+func (h *handle) stopTimer() {
+	h.mu.Lock()
+	h.expiry.Stop()
+	h.mu.Unlock()
+}
+
+// current returns the handle's state, session and generation.
+func (h *handle) current() (handleState, *session, *generation) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state, h.s, h.gen
+}
+
+func (h *handle) notHeld(why string) error {
+	return fmt.Errorf("%w: zookeeper: %s %s", dlock.ErrNotHeld, h.path, why)
+}
+
+// Refresh checks that the node is still there and in the lease's session,
+// and moves the expiry timer. A TTL other than the session's moves the node
+// into a session with that timeout.
+func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	st, s, g := h.current()
+	if st != held {
+		return 0, h.notHeld("was deleted (its TTL passed, or its session ended)")
+	}
+	if s.owned && (ttl+time.Millisecond-1)/time.Millisecond != time.Duration(s.key) {
+		return h.migrate(ctx, ttl)
+	}
+	if !s.owned && ttl > s.timeout {
+		return 0, invalid("TTL %v is above the connection's session timeout %v", ttl, s.timeout)
+	}
+	sent := time.Now()
+	if !s.isLive(g) {
+		return 0, h.notHeld("went with its session")
+	}
+	var (
+		ok   bool
+		stat *zk.Stat
+	)
+	err := s.do(ctx, func() (err error) {
+		ok, stat, err = s.conn.Exists(h.path)
+		return err
+	}, nil)
+	if err != nil {
+		return 0, fmt.Errorf("zookeeper: refreshing %s: %w", h.path, err)
+	}
+	if !ok || stat.EphemeralOwner != g.sid {
+		h.drop(ok)
+		return 0, h.notHeld("is gone, or no longer in the lease's session")
+	}
+	granted := ttl
+	if s.owned {
+		granted = g.timeout
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != held || h.gen != g || !s.isLive(g) {
+		return 0, h.notHeld("was deleted (its TTL passed, or its session ended)")
+	}
+	h.ttl = granted
+	h.expiry.Reset(time.Until(sent.Add(granted)))
+	return granted, nil
+}
+
+// drop ends a lease whose node is missing or not in its session (deleting
+// it when it still exists).
+func (h *handle) drop(exists bool) {
+	_, s, g := h.current()
+	if exists {
+		h.d.reap(s, g, h.path, "", "")
+	}
+	h.finish(dropped)
+}
+
+// migrate moves the node into the session for ttl: one multi-op on that
+// session deletes it and creates it again, same name, same data, as an
+// ephemeral node of the new session. Its place in the queue (the sequence
+// number in its name) and the lease's fencing token stay.
+func (h *handle) migrate(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	ns, err := h.d.session(ctx, ttl)
+	if err != nil {
+		return 0, err
+	}
+	ng := ns.live()
+	st, old, og := h.current()
+	switch {
+	case st != held:
+		ns.unref()
+		return 0, h.notHeld("was deleted (its TTL passed, or its session ended)")
+	case ng == nil:
+		ns.unref()
+		return 0, fmt.Errorf("zookeeper: refreshing %s: %w", h.path, errNoSession)
+	}
+	sent := time.Now()
+	apply := func(err error) (time.Duration, error) {
+		if err == nil && !ns.isLive(ng) {
+			err = zk.ErrNoNode // created in a session that ended since: gone
+		}
+		switch {
+		case err == nil:
+			h.mu.Lock()
+			if h.state != held || h.gen != og {
+				h.mu.Unlock()
+				ns.unref()
+				return 0, h.notHeld("was deleted (its TTL passed, or its session ended)")
+			}
+			h.s, h.gen, h.ttl = ns, ng, ng.timeout
+			h.expiry.Reset(time.Until(sent.Add(ng.timeout)))
+			h.mu.Unlock()
+			old.unregister(h, og)
+			if !ns.register(h, ng) {
+				h.gone(ng)
+			}
+			old.unref()
+			return ng.timeout, nil
+		case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
+			ns.unref()
+			h.finish(dropped)
+			return 0, h.notHeld("is gone")
+		}
+		// Perhaps applied, perhaps not: if it was, the next refresh finds the
+		// node in another session and the lease ends as lost (the expiry
+		// timer deletes the node).
+		ns.unref()
+		return 0, fmt.Errorf("zookeeper: moving %s to a session of %v: %w", h.path, ttl, err)
+	}
+	err = ns.do(ctx, func() error {
+		_, err := ns.conn.Multi(
+			&zk.DeleteRequest{Path: h.path, Version: 0},
+			&zk.CreateRequest{Path: h.path, Data: h.data, Acl: h.d.acl, Flags: zk.FlagEphemeral},
+		)
+		return err
+	}, func(err error) { _, _ = apply(err) })
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return 0, fmt.Errorf("zookeeper: moving %s to a session of %v: %w", h.path, ttl, err)
+	}
+	return apply(err)
+}
+
+// Release deletes the node, with the version it was created with.
+func (h *handle) Release(ctx context.Context) error {
+	st, s, g := h.current()
+	switch {
+	case st == released:
+		return nil
+	case st == dropped:
+		return h.notHeld("was deleted (its TTL passed, or its session ended)")
+	case !s.isLive(g):
+		return h.notHeld("went with its session")
+	}
+	err := s.do(ctx, func() error { return s.conn.Delete(h.path, 0) }, func(err error) { _ = h.released(err) })
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return fmt.Errorf("zookeeper: releasing %s: %w", h.path, err)
+	}
+	return h.released(err)
+}
+
+// released applies the outcome of a release's Delete.
+func (h *handle) released(err error) error {
+	switch {
+	case err == nil:
+		h.finish(released)
+		return nil
+	case errors.Is(err, zk.ErrNoNode):
+		h.finish(dropped)
+		return h.notHeld("is gone")
+	case errors.Is(err, zk.ErrBadVersion):
+		h.finish(dropped)
+		return h.notHeld("was changed by someone else: left in place")
+	}
+	return fmt.Errorf("zookeeper: releasing %s: %w", h.path, err)
+}
+
+// Held reads the node: there, and in the lease's live session.
+func (h *handle) Held(ctx context.Context) (bool, error) {
+	st, s, g := h.current()
+	if st != held || !s.isLive(g) {
+		return false, nil
+	}
+	var (
+		ok   bool
+		stat *zk.Stat
+	)
+	err := s.do(ctx, func() (err error) {
+		ok, stat, err = s.conn.Exists(h.path)
+		return err
+	}, nil)
+	if err != nil {
+		return false, fmt.Errorf("zookeeper: reading %s: %w", h.path, err)
+	}
+	if !ok || stat.EphemeralOwner != g.sid || !s.isLive(g) {
+		h.drop(ok && stat.EphemeralOwner != g.sid)
+		return false, nil
+	}
+	return true, nil
+}
+
+// deleteOnClose deletes a held node as the Locker closes (the application's
+// connection only: the driver's own sessions take their nodes with them).
+func (h *handle) deleteOnClose(ctx context.Context) {
+	st, s, _ := h.current()
+	if st != held {
+		return
+	}
+	err := s.do(ctx, func() error { return s.conn.Delete(h.path, 0) }, nil)
+	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+		h.finish(released)
+		return
+	}
+	h.finish(dropped)
+}

@@ -1,0 +1,549 @@
+package zookeeper
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// session is one ZooKeeper session the driver keeps lock nodes in: a zk.Conn
+// of the driver's own, dialled for one session timeout (Connect), or the
+// application's (New).
+//
+// go-zookeeper reconnects by itself, and after the server expired the session
+// it silently starts a new one on the same zk.Conn. A session is therefore a
+// sequence of generations, one per server-side session ID: nodes and leases
+// belong to the generation they were created in, and end with it.
+type session struct {
+	d     *driver
+	owned bool  // the driver's own zk.Conn, closed with the session
+	key   int32 // owned: the requested timeout in ms, the key in driver.sessions
+
+	conn   *zk.Conn
+	events <-chan zk.Event // owned: closed by go-zookeeper once its goroutines are done
+	socks  socketSet       // owned: the sockets dialled, closed by close
+
+	// ready is closed once the session can be used: owned, when the first
+	// generation started and the credentials were added (setupErr says if
+	// that failed); at once otherwise.
+	ready    chan struct{}
+	setupErr error
+	started  chan struct{}   // owned: closed when the first generation starts
+	dialCtx  context.Context // cancelled by close: ends dials in progress
+	cancel   context.CancelFunc
+
+	mu        sync.Mutex
+	gen       *generation        // the live generation, nil between two
+	ended     map[int64]struct{} // session IDs whose generation ended
+	timeout   time.Duration      // negotiated (owned); Options.SessionTimeout (New)
+	handshake struct {           // the last connect response read on a socket
+		sid     int64
+		timeout int32
+	}
+	refs    int // acquisitions, leases and cleanups using the session
+	idle    *time.Timer
+	closing bool
+	calls   sync.WaitGroup // goroutines running a call on conn
+}
+
+// generation is one server-side session.
+type generation struct {
+	sid     int64
+	timeout time.Duration // the negotiated session timeout
+	gone    chan struct{} // closed when it ends: expired, or closed
+	handles map[*handle]struct{}
+}
+
+// errNoSession is a transient error: the session is between generations.
+var errNoSession = errors.New("zookeeper: no live session (reconnecting)")
+
+// idleAfter is how long an owned session with no lease and no acquisition
+// stays open, in case another lock with the same TTL comes.
+func idleAfter(timeout time.Duration) time.Duration { return max(timeout, 5*time.Second) }
+
+// openSession dials a new session of the driver's own with the given
+// requested timeout. It returns at once; ready is closed when it is usable.
+func (d *driver) openSession(ms int32) *session {
+	s := &session{d: d, owned: true, key: ms, ready: make(chan struct{}), started: make(chan struct{}), ended: map[int64]struct{}{}}
+	s.dialCtx, s.cancel = context.WithCancel(context.Background())
+	s.mu.Lock() // the event callback may run before Connect returns
+	conn, events, err := zk.Connect(d.servers, time.Duration(ms)*time.Millisecond,
+		zk.WithDialer(s.dial),
+		zk.WithHostProvider(&hostProvider{}),
+		zk.WithLogger(d.logger),
+		zk.WithLogInfo(false),
+		zk.WithEventCallback(s.onEvent),
+	)
+	if err != nil { // only for an empty server list, which Connect rejected
+		s.setupErr = fmt.Errorf("zookeeper: %w", err)
+		close(s.ready)
+		s.mu.Unlock()
+		return s
+	}
+	s.conn, s.events = conn, events
+	s.calls.Add(1)
+	s.mu.Unlock()
+	go s.setup()
+	return s
+}
+
+// setup waits for the first generation, then adds the credentials, retrying
+// through connection trouble (go-zookeeper re-sends them by itself after a
+// reconnect only once they were accepted), then marks the session ready.
+func (s *session) setup() {
+	defer s.calls.Done()
+	defer close(s.ready)
+	select {
+	case <-s.started:
+	case <-s.dialCtx.Done():
+		s.setupErr = zk.ErrClosing
+		return
+	}
+	for _, a := range s.d.auth {
+		b := backoff{}
+		for {
+			err := s.conn.AddAuth(a.Scheme, a.Secret)
+			if err == nil {
+				break
+			}
+			if !transient(err) || !b.sleep(s.dialCtx, nil) {
+				s.setupErr = fmt.Errorf("zookeeper: adding %s credentials: %w", a.Scheme, err)
+				return
+			}
+		}
+	}
+}
+
+// wait returns once s is ready, or ctx ends.
+func (s *session) wait(ctx context.Context) error {
+	select {
+	case <-s.ready:
+		return s.setupErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// dial is the zk.Dialer of an owned session: it tracks the socket and reads
+// the session's negotiated timeout off the connect response.
+func (s *session) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	var (
+		c   net.Conn
+		err error
+	)
+	if s.d.dialer != nil {
+		c, err = s.d.dialer(network, addr, timeout)
+	} else {
+		nd := net.Dialer{Timeout: timeout}
+		c, err = nd.DialContext(s.dialCtx, network, addr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	sc := &sniffConn{Conn: c, s: s}
+	if !s.socks.add(sc) {
+		_ = c.Close()
+		return nil, zk.ErrClosing
+	}
+	return sc, nil
+}
+
+// onEvent is the owned session's zk.EventCallback: it runs in go-zookeeper's
+// goroutine and must not block or call the connection.
+func (s *session) onEvent(ev zk.Event) {
+	if ev.Type != zk.EventSession {
+		return
+	}
+	switch ev.State {
+	case zk.StateHasSession:
+		s.mu.Lock()
+		hs := s.handshake
+		s.timeout = time.Duration(hs.timeout) * time.Millisecond
+		ended := s.observe(hs.sid)
+		s.mu.Unlock()
+		s.end(ended)
+	case zk.StateExpired:
+		s.mu.Lock()
+		ended := s.observe(0)
+		s.mu.Unlock()
+		s.end(ended)
+	}
+}
+
+// observe records that the connection's session is now sid (0: none) and
+// returns the generation that thereby ended, if any; s.mu held. A session
+// ID whose generation ended never starts a new one.
+func (s *session) observe(sid int64) *generation {
+	if s.gen != nil && s.gen.sid == sid {
+		return nil
+	}
+	if _, dead := s.ended[sid]; dead {
+		return nil
+	}
+	old := s.gen
+	s.gen = nil
+	if old != nil {
+		s.ended[old.sid] = struct{}{}
+	}
+	if sid != 0 {
+		s.gen = &generation{sid: sid, timeout: s.timeout, gone: make(chan struct{}), handles: map[*handle]struct{}{}}
+		if s.started != nil {
+			select {
+			case <-s.started:
+			default:
+				close(s.started)
+			}
+		}
+	}
+	return old
+}
+
+// end ends a generation (nil: nothing): the leases in it are lost, their
+// nodes gone with it.
+func (s *session) end(g *generation) {
+	if g == nil {
+		return
+	}
+	s.mu.Lock()
+	close(g.gone)
+	hs := g.handles
+	g.handles = nil
+	s.mu.Unlock()
+	for h := range hs {
+		h.gone(g)
+	}
+}
+
+// live returns the live generation, or nil. For the application's
+// connection (no events) it reads the connection's session ID.
+func (s *session) live() *generation {
+	s.mu.Lock()
+	var ended *generation
+	if !s.owned {
+		ended = s.observe(s.conn.SessionID())
+	}
+	g := s.gen
+	s.mu.Unlock()
+	s.end(ended)
+	return g
+}
+
+// isLive reports whether g is still the live generation.
+func (s *session) isLive(g *generation) bool { return g != nil && s.live() == g }
+
+// register adds h to g; false if g has ended.
+func (s *session) register(h *handle, g *generation) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g.handles == nil {
+		return false
+	}
+	g.handles[h] = struct{}{}
+	return true
+}
+
+func (s *session) unregister(h *handle, g *generation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g.handles != nil {
+		delete(g.handles, h)
+	}
+}
+
+// ref counts one more user of the session; d.mu held for an owned session
+// taken from the map.
+func (s *session) ref() {
+	s.mu.Lock()
+	s.refs++
+	if s.idle != nil {
+		s.idle.Stop()
+	}
+	s.mu.Unlock()
+}
+
+// unref counts one user fewer; an owned session left without users closes
+// after idleAfter.
+func (s *session) unref() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refs--
+	if s.refs > 0 || !s.owned || s.closing {
+		return
+	}
+	if s.idle == nil {
+		s.idle = time.AfterFunc(idleAfter(s.timeout), s.closeIfIdle)
+	} else {
+		s.idle.Reset(idleAfter(s.timeout))
+	}
+}
+
+// closeIfIdle closes an owned session that still has no user.
+func (s *session) closeIfIdle() {
+	d := s.d
+	d.mu.Lock()
+	s.mu.Lock()
+	if s.refs > 0 || s.closing || d.closed {
+		s.mu.Unlock()
+		d.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	if d.sessions[s.key] == s {
+		delete(d.sessions, s.key)
+	}
+	delete(d.open, s)
+	d.bg.Add(1)
+	d.mu.Unlock()
+	defer d.bg.Done()
+	s.close()
+}
+
+// closeTimeout bounds the wait for go-zookeeper's goroutines after Close.
+const closeTimeout = 10 * time.Second
+
+// close ends an owned session: it asks the server to close it (which deletes
+// its nodes at once), then closes its sockets and waits for every goroutine
+// working on it.
+func (s *session) close() {
+	s.mu.Lock()
+	if s.closing || !s.owned {
+		s.mu.Unlock()
+		return
+	}
+	s.closing = true
+	if s.idle != nil {
+		s.idle.Stop()
+	}
+	s.mu.Unlock()
+	if s.conn != nil {
+		s.conn.Close() // waits up to 1s for the server's answer
+		s.cancel()
+		s.socks.closeAll()
+		t := time.NewTimer(closeTimeout)
+		defer t.Stop()
+	drain:
+		for {
+			select {
+			case _, ok := <-s.events:
+				if !ok {
+					break drain
+				}
+			case <-t.C:
+				break drain
+			}
+		}
+	}
+	s.cancel()
+	s.calls.Wait()
+	s.mu.Lock()
+	ended := s.observe(0)
+	s.mu.Unlock()
+	s.end(ended)
+}
+
+// do runs f, one call on the connection, bounded by ctx: when ctx ends first
+// do returns ctx's error, and f's own result goes to late (if not nil) when
+// it comes. go-zookeeper's calls take no context; each ends when the server
+// answers or the connection fails or closes.
+func (s *session) do(ctx context.Context, f func() error, late func(error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return zk.ErrClosing
+	}
+	s.calls.Add(1)
+	s.mu.Unlock()
+	if ctx.Done() == nil {
+		defer s.calls.Done()
+		return f()
+	}
+	var (
+		mu        sync.Mutex
+		abandoned bool
+	)
+	done := make(chan error, 1)
+	go func() {
+		defer s.calls.Done()
+		err := f()
+		mu.Lock()
+		if !abandoned {
+			done <- err
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if late != nil {
+			late(err)
+		}
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case err := <-done:
+			return err
+		default:
+		}
+		abandoned = true
+		return ctx.Err()
+	}
+}
+
+// transient reports whether err is connection or session trouble that a
+// retry may get past.
+func transient(err error) bool {
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer) ||
+		errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrSessionMoved) ||
+		errors.Is(err, errNoSession)
+}
+
+// backoff is a doubling, jittered delay between retries: 10ms to 1s.
+type backoff struct{ d time.Duration }
+
+// sleep waits for the next delay; it returns false if ctx ended first. It
+// also returns early when wake (if not nil) is closed.
+func (b *backoff) sleep(ctx context.Context, wake <-chan struct{}) bool {
+	switch {
+	case b.d == 0:
+		b.d = 10 * time.Millisecond
+	case b.d < time.Second:
+		b.d = min(2*b.d, time.Second)
+	}
+	t := time.NewTimer(b.d + rand.N(b.d/4+1))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+	case <-t.C:
+	}
+	return true
+}
+
+// hostProvider is go-zookeeper's zk.HostProvider without its pause on the
+// first reconnect: zk.DNSHostProvider reports a full retry (which makes the
+// connection wait a second) as soon as it comes back to the last server that
+// worked, so that with one server every reconnect waited 1s, longer than a
+// short session lives. This one waits only after every server failed once.
+type hostProvider struct {
+	mu       sync.Mutex
+	servers  []string
+	next     int
+	attempts int // since the last successful connection
+}
+
+func (p *hostProvider) Init(servers []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.servers = slices.Clone(servers)
+	rand.Shuffle(len(p.servers), func(i, j int) { p.servers[i], p.servers[j] = p.servers[j], p.servers[i] })
+	return nil
+}
+
+func (p *hostProvider) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.servers)
+}
+
+func (p *hostProvider) Next() (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	srv := p.servers[p.next]
+	p.next = (p.next + 1) % len(p.servers)
+	p.attempts++
+	retry := p.attempts > len(p.servers)
+	if retry {
+		p.attempts = 1
+	}
+	return srv, retry
+}
+
+func (p *hostProvider) Connected() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.attempts = 0
+}
+
+// sniffConn is a socket of an owned session. It reads the session ID and
+// the negotiated timeout off the connect response, the first frame the
+// server sends: length, protocol version, timeout (ms), session ID, all big
+// endian. go-zookeeper keeps the negotiated timeout to itself.
+type sniffConn struct {
+	net.Conn
+	s   *session
+	hdr [20]byte
+	n   int
+}
+
+func (c *sniffConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.n < len(c.hdr) && n > 0 {
+		c.n += copy(c.hdr[c.n:], p[:n])
+		if c.n == len(c.hdr) {
+			c.s.mu.Lock()
+			c.s.handshake.timeout = int32(binary.BigEndian.Uint32(c.hdr[8:12]))
+			c.s.handshake.sid = int64(binary.BigEndian.Uint64(c.hdr[12:20]))
+			c.s.mu.Unlock()
+		}
+	}
+	return n, err
+}
+
+func (c *sniffConn) Close() error {
+	c.s.socks.remove(c)
+	return c.Conn.Close()
+}
+
+// socketSet tracks the open sockets of an owned session, so that close can
+// cut them even while go-zookeeper waits on one (a connect attempt into a
+// partition waits ten read timeouts for its answer).
+type socketSet struct {
+	mu     sync.Mutex
+	open   map[net.Conn]struct{}
+	closed bool
+}
+
+func (ss *socketSet) add(c net.Conn) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return false
+	}
+	if ss.open == nil {
+		ss.open = map[net.Conn]struct{}{}
+	}
+	ss.open[c] = struct{}{}
+	return true
+}
+
+func (ss *socketSet) remove(c net.Conn) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.open, c)
+}
+
+func (ss *socketSet) closeAll() {
+	ss.mu.Lock()
+	ss.closed = true
+	open := ss.open
+	ss.open = nil
+	ss.mu.Unlock()
+	for c := range open {
+		_ = c.(*sniffConn).Conn.Close()
+	}
+}
