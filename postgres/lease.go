@@ -182,11 +182,14 @@ func (h *lease) giveUp(why error) {
 	h.d.untrack(h)
 }
 
-// fail handles a statement's error: an error that ended the session, or left
-// it in doubt, gives the connection up; the lease then no longer holds its
-// lock. It reports whether it did.
+// fail handles a statement's error: when it ended the connection (pgx closes
+// it on network errors, on a FATAL error and when the driver's own context
+// for the statement ends), the lease gives it up and no longer holds its
+// lock. It reports whether it did. Other errors (a statement cancelled on
+// request, an SQL error, a ctx that had ended before anything was sent)
+// leave the session and its lock alone.
 func (h *lease) fail(err error) bool {
-	if h.pg.IsClosed() || isConnError(err) {
+	if h.pg.IsClosed() {
 		h.giveUp(err)
 		return true
 	}

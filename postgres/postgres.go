@@ -328,7 +328,8 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 		return nil, err
 	}
 	g, err := d.acquire(ctx, req, ms, false)
-	if err != nil && ctx.Err() == nil && isConnError(err) {
+	var ce *connError
+	if err != nil && ctx.Err() == nil && errors.As(err, &ce) {
 		g, err = d.acquire(ctx, req, ms, false)
 	}
 	return g, err
@@ -417,6 +418,9 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	if err != nil {
 		// The statement may have taken the lock before it failed (a
 		// cancel, a broken connection): the session must end.
+		if pg.IsClosed() {
+			err = &connError{err}
+		}
 		discard(c)
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
@@ -565,29 +569,28 @@ func cancellable(ctx context.Context, pg *pgconn.PgConn, limit time.Duration, q 
 	return cancelled, err
 }
 
-// isConnError reports an error that ended the connection rather than the
-// statement: a network error, a closed connection, or a FATAL error.
-func isConnError(err error) bool {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Severity == "FATAL" || pe.Severity == "PANIC" || len(pe.Code) >= 2 && pe.Code[:2] == "08"
-	}
-	return !errors.Is(err, dlock.ErrNotAcquired) && !errors.Is(err, dlock.ErrInvalid) && !errors.Is(err, ErrPooler)
-}
+// connError marks the failure of a statement whose connection ended: its
+// session is gone, and with it anything the statement may have done.
+type connError struct{ err error }
 
-// retryable reports an error after which a wait starts again: a failed
-// connection, a server starting up or shutting down, too many connections,
-// a statement cancelled by someone else or by statement_timeout.
+func (e *connError) Error() string { return e.err.Error() }
+func (e *connError) Unwrap() error { return e.err }
+
+// retryable reports an error after which a wait starts again: a connection
+// that ended or could not be made (a server restarting), a server starting up
+// or shutting down, too many connections, a statement cancelled by someone
+// else or by statement_timeout. Authentication and configuration errors are
+// not.
 func retryable(err error) bool {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		switch {
-		case pe.Severity == "FATAL" || pe.Severity == "PANIC":
-			return pe.Code != "28P01" && pe.Code != "28000" && pe.Code != "3D000" // authentication, no such database
-		case len(pe.Code) >= 2 && (pe.Code[:2] == "08" || pe.Code[:2] == "53" || pe.Code[:2] == "57"):
+		switch pe.Code[:min(2, len(pe.Code))] {
+		case "08", "53", "57":
 			return true
 		}
 		return false
 	}
-	return isConnError(err)
+	var ce *connError
+	var cfe *pgconn.ConnectError
+	return errors.As(err, &ce) || errors.As(err, &cfe)
 }
