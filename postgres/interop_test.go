@@ -12,6 +12,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/postgres"
+	"github.com/jackc/pgx/v5"
 )
 
 // The layout: a dlock lease holds the advisory lock hashtextextended(name, 0)
@@ -144,5 +145,59 @@ func TestPsqlInterop(t *testing.T) {
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("psql: %v", err)
+	}
+}
+
+// Every pgx query execution mode works, the statement cache off (as behind a
+// pooler) and the simple protocol included.
+func TestQueryExecModes(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := poolConfig(t, srv.Addr())
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			l, err := postgres.NewFromConfig(ctx, cfg, &postgres.Options{KeyPrefix: "modes/"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeAtCleanup(t, l)
+			other := newLocker(t, srv.Addr(), &postgres.Options{KeyPrefix: "modes/"})
+			name := uniqueName(t)
+			for range 2 { // the second time on a used connection
+				ls, err := l.TryAcquire(ctx, name, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := ls.Fence(); !ok {
+					t.Error("no fence")
+				}
+				if ok, err := ls.Held(ctx); !ok || err != nil {
+					t.Fatalf("Held = %v, %v", ok, err)
+				}
+				if err := ls.Refresh(ctx, 2*time.Second); err != nil {
+					t.Fatal(err)
+				}
+				w := acquireAsync(ctx, other, name, nil)
+				time.Sleep(10 * time.Millisecond)
+				if err := ls.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				r := granted(t, w, 5*time.Second)
+				lw, err := l.Acquire(ctx, name+"/wait", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := lw.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.ls.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -273,7 +273,7 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 		return false, h.stmtError(ctx, "check", err)
 	}
 	if err := h.checkPID("check", pid); err != nil {
-		return false, nil
+		return false, err // the lease is lost; the error says why
 	}
 	if held == nil || !*held {
 		h.giveUp(errors.New("the session no longer holds the lock"))
