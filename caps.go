@@ -23,4 +23,10 @@ type Capabilities struct {
 	// keep its lock from others (for example a session timeout rounded up by
 	// the server). Zero for a backend that expires at the TTL.
 	ExpirySlack time.Duration
+	// ConnectionBound: a lock lives only as long as the holder's connection
+	// to the server (PostgreSQL session advisory locks). A connection that
+	// resets frees the lock at once, possibly before the holder's ValidUntil;
+	// the lease reports the loss as soon as the driver sees the connection
+	// fail. Lease.Fence, where available, protects the resource meanwhile.
+	ConnectionBound bool
 }

@@ -70,7 +70,8 @@ var tests = []testCase{
 	// every driver.
 	{name: "BadInput", fn: testBadInput},
 	// Connection resets while the watchdog refreshes do not lose a lease
-	// that is still valid.
+	// that is still valid; with ConnectionBound, a reset loses the lease,
+	// which says so promptly, and the locker works again afterwards.
 	{name: "ResetDuringRefresh", fn: testResetDuringRefresh},
 	// Under added latency acquire still works and ValidUntil accounts for
 	// the time the request took.
@@ -625,12 +626,49 @@ func testBadInput(s *suite) {
 }
 
 func testResetDuringRefresh(s *suite) {
+	if s.caps.ConnectionBound {
+		s.resetLosesLease()
+		return
+	}
 	a, fa := s.locker(s.opts())
 	b, _ := s.locker(s.opts())
 	name := s.name()
 	ls := s.acquire(a, name, nil)
 	s.keepsOut(ls, b, 2*s.cfg.TTL, s.cfg.TTL/7, fa.Reset)
 	s.release(ls)
+}
+
+// resetLosesLease is ResetDuringRefresh for a ConnectionBound driver: the
+// reset ends the holder's connection, and with it the lock; the lease must
+// report the loss well before its ValidUntil (within a third of the TTL, the
+// watchdog's period), another locker then gets the name, and the reset
+// locker can take locks again.
+func (s *suite) resetLosesLease() {
+	a, fa := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	time.Sleep(s.cfg.TTL / 4) // let the watchdog get going
+	s.stillHeld(ls)
+	reset := time.Now()
+	fa.Reset()
+	lostAt := s.waitDone(ls, s.cfg.TTL)
+	if d, limit := lostAt.Sub(reset), s.cfg.TTL/3+s.cfg.Tolerance; d > limit {
+		s.t.Errorf("loss signalled %v after the reset, want within %v", d, limit)
+	}
+	if !errors.Is(ls.Err(), dlock.ErrLost) {
+		s.t.Errorf("Err() after the reset = %v, want ErrLost", ls.Err())
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 2*s.cfg.TTL)
+	lb, err := b.Acquire(ctx, name, nil)
+	cancel()
+	if err != nil {
+		s.t.Fatalf("contender after the holder's reset: %v", err)
+	}
+	s.release(lb)
+	la := s.acquire(a, name, nil)
+	s.stillHeld(la)
+	s.release(la)
 }
 
 func testLatency(s *suite) {

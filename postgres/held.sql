@@ -1,0 +1,22 @@
+-- held.sql: does this session hold the lease's advisory lock? pg_locks shows a
+-- 64-bit key as classid (high 32 bits) and objid (low 32 bits), objsubid 1.
+-- Running it restarts the session's idle timer; so that this does not extend
+-- the lock past what the holder knows of, idle_session_timeout is set to the
+-- time the lease has left (the next refresh sets the TTL again).
+--
+-- Parameters:
+--   $1 int4  the lease's backend pid: nothing is read or changed on another
+--            backend
+--   $2 int8  the lock's key
+--   $3 text  idle_session_timeout, in milliseconds: the lease's time left
+--
+-- Returns one row: pid int4, held bool (NULL on another backend), the setting.
+SELECT pg_backend_pid() AS pid,
+       CASE WHEN pg_backend_pid() = $1 THEN EXISTS (
+         SELECT 1 FROM pg_locks
+         WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+           AND objsubid = 1
+           AND classid = (($2::int8 >> 32) & 4294967295)::oid
+           AND objid = ($2::int8 & 4294967295)::oid)
+       END AS held,
+       CASE WHEN pg_backend_pid() = $1 THEN set_config('idle_session_timeout', $3, false) END AS idle

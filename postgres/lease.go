@@ -1,0 +1,337 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// lease is the dlock.Handle of one held lock: the pooled connection whose
+// session holds it, kept out of the pool until a confirmed release.
+//
+// The Locker serialises Refresh, Held and Release. Besides them, three
+// things touch the connection, under mu: the watcher (a goroutine reading
+// the idle connection, so that the session's end is noticed at once), the
+// expiry timer (which gives the connection up once the lock has expired for
+// sure), and the driver's Close.
+type lease struct {
+	d        *driver
+	c        *pgxpool.Conn
+	pg       *pgconn.PgConn
+	name     string
+	key      int64
+	pid      int32  // the backend that holds the lock
+	prevIdle string // idle_session_timeout before the lease
+	lost     chan struct{}
+
+	mu       sync.Mutex
+	busy     bool          // a statement is running
+	gone     bool          // the connection was given up or released; lost is closed if given up
+	lastSent time.Time     // when the last statement that set the expiry was sent
+	ttl      time.Duration // the idle_session_timeout set then
+	expiry   *time.Timer   // gives the connection up after lastSent+ttl+expiryGrace
+	watchAt  *time.Timer   // starts the watcher after watchDelay of idleness
+	watching bool
+	stopping bool          // the watcher is being stopped by us
+	watched  chan struct{} // closed when the watcher has returned
+}
+
+// errGone is what the operations of a lease that gave its connection up
+// return, wrapped with dlock.ErrNotHeld.
+var errGone = errors.New("the lease's session has ended")
+
+// arm starts the lease's timers once it is granted.
+func (h *lease) arm() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.expiry = time.AfterFunc(time.Until(h.lastSent.Add(h.ttl+expiryGrace)), h.onExpiry)
+	h.watchAt = time.AfterFunc(watchDelay, h.startWatch)
+}
+
+// begin claims the connection for a statement, stopping the watcher.
+func (h *lease) begin() error {
+	h.mu.Lock()
+	if h.gone {
+		h.mu.Unlock()
+		return errGone
+	}
+	h.busy = true
+	h.watchAt.Stop()
+	watched := h.stopWatch()
+	h.mu.Unlock()
+	if watched != nil {
+		<-watched
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gone { // the watcher saw the session end
+		h.busy = false
+		return errGone
+	}
+	return nil
+}
+
+// end releases the connection after a statement. A statement the server
+// answered (ok) that set the expiry moves it.
+func (h *lease) end(sent time.Time, ttl time.Duration, moved bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.busy = false
+	if h.gone {
+		return
+	}
+	if moved {
+		h.lastSent, h.ttl = sent, ttl
+	}
+	h.expiry.Reset(time.Until(h.lastSent.Add(h.ttl + expiryGrace)))
+	h.watchAt.Reset(watchDelay)
+}
+
+// stopWatch asks a running watcher to return, by a read deadline in the
+// past; it returns the channel closed when it has, or nil. mu is held.
+func (h *lease) stopWatch() chan struct{} {
+	if !h.watching {
+		return nil
+	}
+	if !h.stopping {
+		h.stopping = true
+		_ = h.pg.Conn().SetReadDeadline(time.Now())
+	}
+	return h.watched
+}
+
+// startWatch starts the watcher on an idle connection.
+func (h *lease) startWatch() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.busy || h.gone || h.watching {
+		return
+	}
+	h.watching, h.stopping = true, false
+	h.watched = make(chan struct{})
+	h.d.wg.Add(1)
+	go h.watch(h.watched)
+}
+
+// watch reads the idle connection. The server sends nothing to an idle
+// session unless it ends it (a FATAL error, then EOF) or a notification
+// comes; a read deadline set by stopWatch ends the watch.
+func (h *lease) watch(watched chan struct{}) {
+	defer h.d.wg.Done()
+	for {
+		err := h.pg.WaitForNotification(context.Background())
+		h.mu.Lock()
+		if h.stopping {
+			_ = h.pg.Conn().SetReadDeadline(time.Time{})
+			h.watching = false
+			h.mu.Unlock()
+			close(watched)
+			return
+		}
+		h.mu.Unlock()
+		if err == nil {
+			continue // a notification: someone else's business
+		}
+		h.mu.Lock()
+		h.watching = false
+		h.mu.Unlock()
+		close(watched)
+		h.giveUp(fmt.Errorf("the server ended the session: %w", err))
+		return
+	}
+}
+
+// onExpiry gives the connection up when the lock has expired on the server
+// for sure and no word of the session's end came.
+func (h *lease) onExpiry() {
+	h.mu.Lock()
+	busy, gone := h.busy, h.gone
+	h.mu.Unlock()
+	if !busy && !gone {
+		h.giveUp(errors.New("the session's idle timeout has passed"))
+	}
+}
+
+// giveUp ends the lease as lost: it signals the loss, stops the timers and
+// the watcher, and closes the connection (its session, and the lock, end)
+// before handing it back to the pool, which drops it. It does nothing the
+// second time, or after a release.
+func (h *lease) giveUp(why error) {
+	h.mu.Lock()
+	if h.gone {
+		h.mu.Unlock()
+		return
+	}
+	h.gone = true
+	close(h.lost)
+	h.expiry.Stop()
+	h.watchAt.Stop()
+	watched := h.stopWatch()
+	h.mu.Unlock()
+	if watched != nil {
+		<-watched
+	}
+	_ = why // the Locker reports the loss; the reason is in the error of the call that found it
+	discard(h.c)
+	h.d.untrack(h)
+}
+
+// fail handles a statement's error: when it ended the connection (pgx closes
+// it on network errors, on a FATAL error and when the driver's own context
+// for the statement ends), the lease gives it up and no longer holds its
+// lock. It reports whether it did. Other errors (a statement cancelled on
+// request, an SQL error, a ctx that had ended before anything was sent)
+// leave the session and its lock alone.
+func (h *lease) fail(err error) bool {
+	if h.pg.IsClosed() {
+		h.giveUp(err)
+		return true
+	}
+	return false
+}
+
+// opLimit bounds a statement whose ctx never ends: past the lock's expiry and
+// a grace, its connection is given up.
+func (h *lease) opLimit(ttl time.Duration) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return max(h.ttl, ttl) + cancelGrace
+}
+
+func (h *lease) notHeld(op string, err error) error {
+	return fmt.Errorf("%w: postgres: %s of %q: %w", dlock.ErrNotHeld, op, h.name, err)
+}
+
+// checkPID turns a statement that ran on another backend into loss.
+func (h *lease) checkPID(op string, pid int32) error {
+	if pid == h.pid {
+		return nil
+	}
+	err := fmt.Errorf("%w: lease taken on backend %d, %s ran on backend %d", ErrPooler, h.pid, op, pid)
+	h.giveUp(err)
+	return h.notHeld(op, err)
+}
+
+// Refresh runs refresh.sql: the statement restarts the session's idle timer
+// and sets it to ttl. ctx bounds it through the server (see cancellable), so
+// that a ctx ending mid-statement does not close the connection.
+func (h *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	ms, err := millis(ttl)
+	if err != nil {
+		return 0, err
+	}
+	if err := h.begin(); err != nil {
+		return 0, h.notHeld("refresh", err)
+	}
+	var pid int32
+	var idle *string
+	sent := time.Now()
+	_, err = cancellable(ctx, h.pg, h.opLimit(ttl), func(qctx context.Context) error {
+		return h.c.QueryRow(qctx, refreshSQL, h.pid, ms).Scan(&pid, &idle)
+	})
+	h.end(sent, ttl, err == nil)
+	if err != nil {
+		if h.fail(err) {
+			return 0, h.notHeld("refresh", err)
+		}
+		return 0, h.stmtError(ctx, "refresh", err)
+	}
+	if err := h.checkPID("refresh", pid); err != nil {
+		return 0, err
+	}
+	return ttl, nil
+}
+
+// Held runs held.sql: pg_locks for this session and key. It sets the
+// session's idle timeout to the lease's time left, so that asking does not
+// extend the lock on the server.
+func (h *lease) Held(ctx context.Context) (bool, error) {
+	if err := h.begin(); err != nil {
+		return false, nil
+	}
+	h.mu.Lock()
+	left := time.Until(h.lastSent.Add(h.ttl))
+	h.mu.Unlock()
+	ms, _ := millis(max(left, time.Millisecond))
+	var pid int32
+	var held *bool
+	var idle *string
+	_, err := cancellable(ctx, h.pg, h.opLimit(0), func(qctx context.Context) error {
+		return h.c.QueryRow(qctx, heldSQL, h.pid, h.key, ms).Scan(&pid, &held, &idle)
+	})
+	h.end(time.Time{}, 0, false)
+	if err != nil {
+		if h.fail(err) {
+			return false, nil
+		}
+		return false, h.stmtError(ctx, "check", err)
+	}
+	if err := h.checkPID("check", pid); err != nil {
+		return false, err // the lease is lost; the error says why
+	}
+	if held == nil || !*held {
+		h.giveUp(errors.New("the session no longer holds the lock"))
+		return false, nil
+	}
+	return true, nil
+}
+
+// Release runs release.sql on the lease's session: pg_advisory_unlock, whose
+// result says whether the session held the lock, and the session's
+// idle_session_timeout restored. Only then does the connection go back to the
+// pool. ctx is pgx's: when it ends mid-statement pgx closes the connection,
+// which ends the session and frees the lock; the lease then reports loss.
+func (h *lease) Release(ctx context.Context) error {
+	if err := h.begin(); err != nil {
+		return h.notHeld("release", err)
+	}
+	var pid int32
+	var unlocked *bool
+	var idle *string
+	err := h.c.QueryRow(ctx, releaseSQL, h.pid, h.key, h.prevIdle).Scan(&pid, &unlocked, &idle)
+	if err != nil {
+		h.end(time.Time{}, 0, false)
+		if h.fail(err) {
+			if ctx.Err() != nil {
+				// Not ErrNotHeld: the caller learns that its release did not
+				// complete; the lease reports loss, as the lock ends with the
+				// session.
+				return fmt.Errorf("postgres: release of %q cut short, connection closed (the lock ends with its session): %w", h.name, err)
+			}
+			return h.notHeld("release", err)
+		}
+		return h.stmtError(ctx, "release", err)
+	}
+	if pid != h.pid || unlocked == nil || !*unlocked {
+		h.end(time.Time{}, 0, false)
+		if err := h.checkPID("release", pid); err != nil {
+			return err
+		}
+		err := errors.New("the session did not hold the lock")
+		h.giveUp(err)
+		return h.notHeld("release", err)
+	}
+	h.mu.Lock()
+	h.busy, h.gone = false, true
+	h.expiry.Stop()
+	h.watchAt.Stop()
+	h.mu.Unlock()
+	h.c.Release()
+	h.d.untrack(h)
+	return nil
+}
+
+// stmtError describes a statement that failed without ending the session
+// (cancelled, or an SQL error): the lease holds on.
+func (h *lease) stmtError(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("postgres: %s of %q: %w (%w)", op, h.name, ctx.Err(), err)
+	}
+	return fmt.Errorf("postgres: %s of %q: %w", op, h.name, err)
+}

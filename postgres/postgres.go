@@ -1,0 +1,596 @@
+// Package postgres is the dlock driver for PostgreSQL (14 or later): session
+// advisory locks on dedicated connections, expired by the server, with
+// fencing tokens, built on github.com/jackc/pgx/v5.
+//
+// # URLs
+//
+//	postgres://user:pass@host:port/database[?params]
+//	postgresql://user:pass@host:port/database[?params]
+//
+// Parameters:
+//
+//   - The lock options of dlock.Options: ttl, refresh, refresh_interval,
+//     retry_min, retry_max, metadata (see dlock.OptionsFromQuery).
+//   - prefix=app/ sets Options.KeyPrefix; fencing=false sets
+//     Options.NoFencing; session_pooler=true sets Options.SessionPooler.
+//   - Everything pgxpool.ParseConfig accepts, in libpq form: sslmode,
+//     sslrootcert, sslcert, sslkey, connect_timeout, application_name,
+//     pool_max_conns, pool_min_conns, …; any other parameter is sent to the
+//     server as a run-time setting (search_path=…, tcp_keepalives_idle=…),
+//     so a misspelt one is rejected by the server when Open connects.
+//     Environment variables (PGHOST, PGPASSWORD, PGSSLMODE, …) and the
+//     password file apply as they do for libpq.
+//
+// Open connects (bounded by its ctx) so that a wrong address or credential
+// fails there, and the Locker owns the pool it made: pool_max_conns defaults
+// to 32 rather than pgx's 4, since every lease and every waiting Acquire
+// occupies one connection. Passwords never appear in errors.
+//
+// New takes an application's *pgxpool.Pool instead, and NewFromConfig a
+// *pgxpool.Config. A lease, or a waiting Acquire, takes a connection out of
+// the pool for its whole life, so size MaxConns for the leases and waits a
+// process holds at once on top of its other queries.
+//
+// # Guarantees
+//
+// A lock is a session-level advisory lock, pg_advisory_lock on the key of its
+// name (see Layout), held by a connection that is the lease's alone: taken
+// out of the pool at the acquisition and put back only after a release that
+// the server confirmed (pg_advisory_unlock returned true) and that restored
+// the session's settings. The server decides: a lease is exclusive while the
+// session that took the lock lives, and the session's end, for whatever
+// reason, frees the lock. So a lease can end before its ValidUntil
+// (Capabilities.ConnectionBound): a connection reset, pg_terminate_backend or
+// a server restart end the session, and the lock, at once. The lease reports
+// the loss as soon as the driver learns it: within milliseconds when the
+// connection says so (a reset, the server's FATAL message; see below), at the
+// next refresh otherwise; another holder may get the lock in between, so
+// protect the resource with Lease.Fence.
+//
+// Expiry is the server's: advisory locks have no TTL, so the lease's session
+// gets idle_session_timeout = TTL, and the server ends a session that runs no
+// statement for that long. Every refresh is a statement on that session
+// (which restarts the idle timer), so a holder that stops refreshing, or
+// whose process or network vanished, loses its session, and the lock,
+// between TTL and TTL + one network round trip after the last statement the
+// server received: the holder's ValidUntil (counted from when that
+// statement was sent, minus the drift margin) always comes first.
+// Capabilities.ExpirySlack (100ms) covers the round trip and the server
+// ending the session; it does not cover a server whose wall clock is
+// stepped forward (PostgreSQL times idle_session_timeout on it).
+//
+// The lease's connection is watched while idle: when the server ends the
+// session (pg_terminate_backend, idle timeout, shutdown, restart) the lease
+// reports loss within milliseconds, not only at its next refresh. Any error
+// on that connection other than a statement cancelled on request (a dropped
+// connection, a FATAL error) ends the lease as lost, and its connection is
+// closed, never returned to the pool.
+//
+// Contexts: TryAcquire and Release hand their ctx to pgx, which closes the
+// connection when the ctx ends mid-statement; for an attempt that makes sure
+// nothing is left (the session, and any lock it took, ends), and a release
+// cut short that way reports the lease lost (the lock goes with the session).
+// Refresh and Held must not drop a lock because their ctx ended: when it ends
+// mid-statement they send the server a cancel request and wait for the
+// connection to come back (a cancelled statement leaves the session and its
+// lock alone); only if the server does not answer within a second is the
+// connection closed, and the lease reported lost.
+//
+// Waiting is the server's: Acquire blocks in pg_advisory_lock, so waiters
+// are granted in the order they queued (Capabilities.FIFO, NotifiedWait) and
+// a release hands the lock to the next waiter without any polling. A wait cut
+// short by its ctx is cancelled on the server with a cancel request (its
+// backend leaves the lock queue); its connection is then closed, which also
+// frees a lock granted just as the wait was cancelled. A waiter whose network
+// vanished stays queued on the server until TCP keepalives or
+// client_connection_check_interval (settable in the URL) end its session; if
+// it is granted the lock meanwhile, the lock is free again one TTL later (the
+// waiter's session has idle_session_timeout set too). A waiting backend holds
+// a snapshot, as any running statement does, which holds back vacuum while it
+// waits; a statement_timeout set for the role or database ends long waits,
+// which Acquire then starts again at the back of the queue.
+//
+// Fencing tokens are pg_current_xact_id(), the 64-bit transaction id that the
+// acquiring statement takes after the grant and commits with
+// synchronous_commit at least 'local' (the server's setting is kept unless it
+// is 'off'). Transaction ids only grow, and a committed one is in the flushed
+// WAL, so tokens strictly increase across holders, releases, expiries and
+// server crashes and restarts, with no table to create; with synchronous
+// replication (synchronous_commit on or above) also across failover to a
+// synchronous standby. The cost: one transaction id and one WAL flush per
+// acquisition. Options.NoFencing turns them off (Capabilities.Fencing false).
+//
+// What it does not survive:
+//
+//   - Restart or failover: every session ends, so every lock is lost; the
+//     leases report it (Capabilities.SurvivesRestart is false). Waiters
+//     queue again once the server is back.
+//   - Transaction pooling (PgBouncer pool_mode=transaction and the like):
+//     session locks need a session of their own. The driver refuses a
+//     connection whose backend pid is not the one announced at connection
+//     start (any proxy), and a lease whose backend pid changes between
+//     statements; a session pooler may be allowed with
+//     Options.SessionPooler, and the pid is still checked on every statement.
+//   - Process pauses: a holder paused past its ValidUntil may resume
+//     believing it holds a lock whose session the server ended; the lease
+//     reports the loss once the process runs again. Pass Lease.Fence to the
+//     resource.
+//   - A hot standby: advisory locks there are the standby's own; with
+//     fencing the acquisition fails (no transaction id on a standby).
+//
+// # Layout
+//
+// A lock is the advisory lock whose 64-bit key is
+//
+//	hashtextextended(<KeyPrefix> || <name>, 0)
+//
+// in the database of the URL (advisory locks are per database). KeyPrefix
+// defaults to "", so from psql, connected to the same database,
+//
+//	SELECT pg_advisory_lock(hashtextextended('jobs/nightly', 0));
+//
+// takes the lock that dlock takes for the name "jobs/nightly", and excludes
+// dlock holders (and is excluded by them) until pg_advisory_unlock or the end
+// of the psql session; pg_try_advisory_lock works the same way. The name's
+// bytes are hashed in the database encoding (UTF-8 recommended). In pg_locks
+// a held lock is the row with locktype 'advisory', classid the key's high 32
+// bits, objid its low 32 bits, objsubid 1, and the holder's pid.
+//
+// Nothing else is stored: no table, no sequence, nothing left on the server
+// once the sessions end. Metadata (Options.Metadata) is not stored.
+package postgres
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var (
+	//go:embed acquire.sql
+	acquireSQL string
+	//go:embed refresh.sql
+	refreshSQL string
+	//go:embed held.sql
+	heldSQL string
+	//go:embed release.sql
+	releaseSQL string
+)
+
+const (
+	// MinTTL is the shortest TTL the driver accepts: a lease's session must
+	// be able to run its refreshes well within idle_session_timeout.
+	MinTTL = 100 * time.Millisecond
+	// MaxTTL is the longest: idle_session_timeout's limit (2^31-1 ms).
+	MaxTTL = math.MaxInt32 * time.Millisecond
+	// ExpirySlack is how long after a holder's ValidUntil the server may
+	// still hold its lock: one round trip, plus the server ending the
+	// session.
+	ExpirySlack = 100 * time.Millisecond
+)
+
+const (
+	// cancelGrace bounds how long a statement may run on after its ctx
+	// ended and a cancel request went out before its connection is closed.
+	cancelGrace = time.Second
+	// cancelRetry is how often the cancel request is repeated while the
+	// statement runs on (a request that reached the server before the
+	// statement did is ignored there).
+	cancelRetry = 100 * time.Millisecond
+	// watchDelay is how long a lease's connection must have been idle
+	// before it is watched for the server ending the session; shorter leases
+	// skip the watch's cost.
+	watchDelay = 50 * time.Millisecond
+	// expiryGrace is how long after its server-side expiry a lease's
+	// connection is given up when the server's word that it ended the
+	// session has not come (a partition).
+	expiryGrace = time.Second
+	// closeTimeout bounds closing a connection (the Terminate message).
+	closeTimeout = time.Second
+	// retryMin and retryMax bound the backoff of a wait whose connection
+	// failed (a server restart, say).
+	retryMin = 10 * time.Millisecond
+	retryMax = time.Second
+)
+
+// ErrPooler reports a connection through a transaction pooler, or through
+// any proxy when Options.SessionPooler is not set: the backend that ran a
+// statement is not the one the connection started with, so a session lock
+// could be taken on one backend and checked, refreshed or released on
+// another. Errors wrapping it also match dlock.ErrNotAcquired (at
+// acquisition) or dlock.ErrNotHeld (during a lease).
+var ErrPooler = errors.New("postgres: the connection goes through a transaction pooler or proxy (session advisory locks need a session of their own: connect to the server directly, or through a session-mode pooler with Options.SessionPooler)")
+
+// Options configure a Locker. A nil *Options means all defaults.
+type Options struct {
+	// Lock holds the Locker's default lock options (URL: ttl, refresh,
+	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
+	// defaults documented on dlock.Options.
+	Lock dlock.Options
+
+	// KeyPrefix is put before every lock name before hashing it into an
+	// advisory key (URL: prefix=app/), to keep apart applications that lock
+	// the same names on one database. Default "".
+	KeyPrefix string
+
+	// NoFencing turns fencing tokens off (URL: fencing=false): an acquisition
+	// then takes no transaction id and flushes no WAL. Default false.
+	NoFencing bool
+
+	// SessionPooler allows a proxy between the driver and the server, such as
+	// PgBouncer in pool_mode=session, whose backend pid differs from the one
+	// the connection announced (URL: session_pooler=true). The pid is still
+	// checked on every statement of a lease, so a transaction pooler that
+	// moves a lease's statements to another backend is found out then (and
+	// the lease lost), but not before: never set it for a transaction pooler.
+	// Default false: any proxy is refused with ErrPooler.
+	SessionPooler bool
+}
+
+// New returns a Locker taking its connections from the application's pool.
+// Closing the Locker does not close the pool.
+func New(pool *pgxpool.Pool, opts *Options) (dlock.Locker, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: postgres: nil pool", dlock.ErrInvalid)
+	}
+	return newLocker(pool, opts, false)
+}
+
+// NewFromConfig makes a pool from cfg, checks that the server answers
+// (bounded by ctx), and returns a Locker that owns the pool and closes it on
+// Close.
+func NewFromConfig(ctx context.Context, cfg *pgxpool.Config, opts *Options) (dlock.Locker, error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: postgres: nil config", dlock.ErrInvalid)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: connecting: %w", err)
+	}
+	l, err := newLocker(pool, opts, true)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	d := &driver{
+		pool:     pool,
+		ownsPool: ownsPool,
+		prefix:   o.KeyPrefix,
+		fencing:  !o.NoFencing,
+		checkPID: !o.SessionPooler,
+		leases:   make(map[*lease]struct{}),
+	}
+	return dlock.New(d, &o.Lock)
+}
+
+type driver struct {
+	pool     *pgxpool.Pool
+	ownsPool bool
+	prefix   string
+	fencing  bool
+	checkPID bool // the backend pid must be the one of the startup message
+
+	mu     sync.Mutex
+	closed bool
+	leases map[*lease]struct{} // holding a connection
+	wg     sync.WaitGroup      // connection watchers
+}
+
+func (d *driver) Capabilities() dlock.Capabilities {
+	return dlock.Capabilities{
+		Fencing:      d.fencing,
+		FIFO:         true,
+		NotifiedWait: true,
+		MinTTL:       MinTTL,
+		ExpirySlack:  ExpirySlack,
+		// The session holds the lock: a connection reset ends both.
+		ConnectionBound: true,
+	}
+}
+
+// millis is ttl as idle_session_timeout, in whole milliseconds rounded up (a
+// TTL must never be shortened).
+func millis(ttl time.Duration) (string, error) {
+	if ttl > MaxTTL {
+		return "", fmt.Errorf("%w: TTL %v is above PostgreSQL's idle_session_timeout limit of %v", dlock.ErrInvalid, ttl, MaxTTL)
+	}
+	return strconv.FormatInt(int64((ttl+time.Millisecond-1)/time.Millisecond), 10), nil
+}
+
+// TryAcquire makes one pg_try_advisory_lock attempt (acquire.sql, one round
+// trip). A connection that turns out dead before the statement is answered
+// (the server restarted since the pool last used it) is replaced once.
+func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+	ms, err := millis(req.TTL)
+	if err != nil {
+		return nil, err
+	}
+	g, err := d.acquire(ctx, req, ms, false)
+	var ce *connError
+	if err != nil && ctx.Err() == nil && errors.As(err, &ce) {
+		g, err = d.acquire(ctx, req, ms, false)
+	}
+	return g, err
+}
+
+// Acquire waits in the server's lock queue (pg_advisory_lock). When its
+// connection fails (a restart, a dropped connection) it queues again on
+// another after a backoff, until ctx ends.
+func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+	ms, err := millis(req.TTL)
+	if err != nil {
+		return nil, err
+	}
+	backoff := retryMin
+	var timer *time.Timer
+	for {
+		g, err := d.acquire(ctx, req, ms, true)
+		if err == nil || ctx.Err() != nil || !retryable(err) {
+			return g, err
+		}
+		delay := backoff + rand.N(backoff/4+1)
+		backoff = min(2*backoff, retryMax)
+		if timer == nil {
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w (after: %w)", dlock.ErrNotAcquired, ctx.Err(), err)
+		case <-timer.C:
+		}
+	}
+}
+
+// acquireRow is acquire.sql's result.
+type acquireRow struct {
+	pid      int32
+	key      int64
+	locked   *bool
+	waited   float64
+	fence    *string
+	prevIdle string
+	idle     *string
+	sync     *string
+}
+
+func (r *acquireRow) dest() []any {
+	return []any{&r.pid, &r.key, &r.locked, &r.waited, &r.fence, &r.prevIdle, &r.idle, &r.sync}
+}
+
+// acquire makes one attempt on a connection from the pool: one
+// pg_try_advisory_lock, or one wait in pg_advisory_lock.
+func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait bool) (*dlock.Grant, error) {
+	c, err := d.pool.Acquire(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+		}
+		return nil, fmt.Errorf("postgres: getting a connection: %w", err)
+	}
+	pg := c.Conn().PgConn()
+	var pid int32
+	if d.checkPID {
+		pid = int32(pg.PID())
+	}
+	args := []any{d.prefix + req.Name, wait, pid, ms, d.fencing}
+	var r acquireRow
+	sent := time.Now()
+	if wait {
+		var cancelled bool
+		cancelled, err = cancellable(ctx, pg, 0, func(qctx context.Context) error {
+			return c.QueryRow(qctx, acquireSQL, args...).Scan(r.dest()...)
+		})
+		if err == nil && cancelled {
+			// Granted as the wait was cancelled: closing the session gives
+			// the lock back.
+			discard(c)
+			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+		}
+	} else {
+		err = c.QueryRow(ctx, acquireSQL, args...).Scan(r.dest()...)
+	}
+	recv := time.Now()
+	if err != nil {
+		// The statement may have taken the lock before it failed (a
+		// cancel, a broken connection): the session must end.
+		if pg.IsClosed() {
+			err = &connError{err}
+		}
+		discard(c)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+		}
+		return nil, fmt.Errorf("postgres: acquiring %q: %w", req.Name, err)
+	}
+	switch {
+	case r.locked == nil:
+		discard(c)
+		return nil, fmt.Errorf("%w: %w: connection started as backend %d, statement ran on backend %d", dlock.ErrNotAcquired, ErrPooler, pg.PID(), r.pid)
+	case !*r.locked:
+		c.Release() // nothing changed on the session
+		return nil, dlock.Busy(0)
+	}
+	var fence uint64
+	if d.fencing {
+		if r.fence == nil {
+			discard(c)
+			return nil, fmt.Errorf("postgres: acquiring %q: no fencing token", req.Name)
+		}
+		if fence, err = strconv.ParseUint(*r.fence, 10, 64); err != nil {
+			discard(c)
+			return nil, fmt.Errorf("postgres: acquiring %q: fencing token %q: %w", req.Name, *r.fence, err)
+		}
+	}
+	if wait {
+		// The TTL runs from the grant, which the server timed: sent plus the
+		// time the statement waited, which cannot exceed what the client saw.
+		w := time.Duration(r.waited * float64(time.Second))
+		sent = sent.Add(max(0, min(w, recv.Sub(sent))))
+	}
+	h := &lease{
+		d: d, c: c, pg: pg, name: req.Name, key: r.key, pid: r.pid, prevIdle: r.prevIdle,
+		lost: make(chan struct{}), lastSent: sent, ttl: req.TTL,
+	}
+	h.arm()
+	if !d.track(h) {
+		h.giveUp(errors.New("locker closed"))
+		return nil, dlock.ErrClosed
+	}
+	return &dlock.Grant{Handle: h, Fence: fence, Lost: h.lost, Sent: sent}, nil
+}
+
+// track registers a lease holding a connection; false once the driver is
+// closed.
+func (d *driver) track(h *lease) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	d.leases[h] = struct{}{}
+	return true
+}
+
+func (d *driver) untrack(h *lease) {
+	d.mu.Lock()
+	delete(d.leases, h)
+	d.mu.Unlock()
+}
+
+// Close gives up the connections of leases that ended without a release
+// (the Locker released the others), waits for their watchers, and closes the
+// pool if the driver made it.
+func (d *driver) Close() error {
+	d.mu.Lock()
+	d.closed = true
+	leases := make([]*lease, 0, len(d.leases))
+	for h := range d.leases {
+		leases = append(leases, h)
+	}
+	d.mu.Unlock()
+	for _, h := range leases {
+		h.giveUp(errors.New("locker closed"))
+	}
+	d.wg.Wait()
+	if d.ownsPool {
+		d.pool.Close()
+	}
+	return nil
+}
+
+// discard closes a pooled connection and hands it back, so that the pool
+// drops it: its session, and whatever it holds or waits for, ends.
+func discard(c *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = c.Conn().Close(ctx)
+	c.Release()
+}
+
+// cancellable runs q, a statement on pg, under a context of its own that
+// only the driver ends, while ctx bounds it through the server: when ctx
+// ends first, cancel requests ask the server to stop the statement, which
+// then fails with query_canceled and leaves the session (and any lock it
+// holds) alone. Only when the statement still runs cancelGrace later (the
+// server is unreachable), or after limit (when not zero), does its context
+// end, and pgx close the connection. cancellable waits for its cancel
+// requests to finish; it reports whether it sent any.
+func cancellable(ctx context.Context, pg *pgconn.PgConn, limit time.Duration, q func(context.Context) error) (cancelled bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	base := context.WithoutCancel(ctx)
+	var qctx context.Context
+	var qcancel context.CancelFunc
+	if limit > 0 {
+		qctx, qcancel = context.WithTimeout(base, limit)
+	} else {
+		qctx, qcancel = context.WithCancel(base)
+	}
+	defer qcancel()
+	if ctx.Done() == nil {
+		return false, q(qctx)
+	}
+	fctx, finish := context.WithCancel(qctx) // ends when q returns
+	defer finish()
+	callback := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(callback)
+		cancelled = true
+		// A request under way is let finish even once q returned, so that
+		// none reaches the server later and cancels the next statement.
+		gctx, gcancel := context.WithTimeout(qctx, cancelGrace)
+		defer gcancel()
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-fctx.Done():
+				return
+			case <-gctx.Done():
+				qcancel() // the server did not answer: give the connection up
+				return
+			case <-t.C:
+				_ = pg.CancelRequest(gctx)
+				t.Reset(cancelRetry)
+			}
+		}
+	})
+	err = q(qctx)
+	finish()
+	if !stop() {
+		<-callback
+	}
+	return cancelled, err
+}
+
+// connError marks the failure of a statement whose connection ended: its
+// session is gone, and with it anything the statement may have done.
+type connError struct{ err error }
+
+func (e *connError) Error() string { return e.err.Error() }
+func (e *connError) Unwrap() error { return e.err }
+
+// retryable reports an error after which a wait starts again: a connection
+// that ended or could not be made (a server restarting), a server starting up
+// or shutting down, too many connections, a statement cancelled by someone
+// else or by statement_timeout. Authentication and configuration errors are
+// not.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code[:min(2, len(pe.Code))] {
+		case "08", "53", "57":
+			return true
+		}
+		return false
+	}
+	var ce *connError
+	var cfe *pgconn.ConnectError
+	return errors.As(err, &ce) || errors.As(err, &cfe)
+}

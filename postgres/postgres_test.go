@@ -1,0 +1,257 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/conformance/faultnet"
+	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/postgres"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if err := servers.CloseAll(); err != nil {
+		fmt.Fprintln(os.Stderr, "closing test servers:", err)
+		code = 1
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// dsn is the URL of the test server at addr.
+func dsn(addr string) string {
+	return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", servers.PostgresUser, servers.PostgresPassword, addr, servers.PostgresDatabase)
+}
+
+// poolConfig is a pool configuration for addr.
+func poolConfig(t testing.TB, addr string) *pgxpool.Config {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn(addr) + "&pool_max_conns=32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// rawConn is a plain connection to addr, closed at cleanup.
+func rawConn(t testing.TB, addr string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// lockEntries lists the pg_locks rows of name's advisory key, as
+// "pid <pid> holds" or "pid <pid> waits".
+func lockEntries(ctx context.Context, c *pgx.Conn, name string) ([]string, error) {
+	rows, err := c.Query(ctx, `
+		SELECT pid, granted FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+		  AND objid = (hashtextextended($1, 0) & 4294967295)::oid
+		ORDER BY granted DESC, pid`, name)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var left []string
+	for rows.Next() {
+		var pid int32
+		var granted bool
+		if err := rows.Scan(&pid, &granted); err != nil {
+			return nil, err
+		}
+		what := "waits"
+		if granted {
+			what = "holds"
+		}
+		left = append(left, fmt.Sprintf("pid %d %s", pid, what))
+	}
+	return left, rows.Err()
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newLocker returns a Locker on addr with its own pool, closed at cleanup.
+func newLocker(t testing.TB, addr string, opts *postgres.Options) dlock.Locker {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := postgres.NewFromConfig(ctx, poolConfig(t, addr), opts)
+	if err != nil {
+		t.Fatalf("NewFromConfig: %v", err)
+	}
+	closeAtCleanup(t, l)
+	return l
+}
+
+func closeAtCleanup(t testing.TB, l dlock.Locker) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := l.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+}
+
+// proxied returns a faultnet proxy in front of addr, closed at cleanup.
+func proxied(t testing.TB, addr string) *faultnet.Proxy {
+	t.Helper()
+	p, err := faultnet.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+var nameSeq atomic.Int64
+
+// uniqueName returns a lock name no other test uses.
+func uniqueName(t testing.TB) string {
+	return fmt.Sprintf("dlock-test/%s/%d-%d", t.Name(), time.Now().UnixNano(), nameSeq.Add(1))
+}
+
+// holderPID returns the backend pid that holds name, failing if none does.
+func holderPID(t testing.TB, c *pgx.Conn, name string) int32 {
+	t.Helper()
+	var pid int32
+	err := c.QueryRow(context.Background(), `
+		SELECT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+		  AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+		  AND objid = (hashtextextended($1, 0) & 4294967295)::oid`, name).Scan(&pid)
+	if err != nil {
+		t.Fatalf("finding the holder of %q: %v", name, err)
+	}
+	return pid
+}
+
+// waitEntries waits up to limit until name's pg_locks entries are want.
+func waitEntries(t testing.TB, c *pgx.Conn, name string, limit time.Duration, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		got, err := lockEntries(context.Background(), c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Equal(got, want) || len(got) == 0 && len(want) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pg_locks for %q: got %v, want %v", name, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waiting waits until n backends wait for name.
+func waiting(t testing.TB, c *pgx.Conn, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := lockEntries(context.Background(), c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := 0
+		for _, e := range got {
+			if strings.HasSuffix(e, "waits") {
+				w++
+			}
+		}
+		if w == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pg_locks for %q: %v, want %d waiting", name, got, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+type result struct {
+	ls  *dlock.Lease
+	err error
+	at  time.Time
+}
+
+// acquireAsync starts an Acquire and returns where its outcome arrives.
+func acquireAsync(ctx context.Context, l dlock.Locker, name string, o *dlock.Options) <-chan result {
+	c := make(chan result, 1)
+	go func() {
+		ls, err := l.Acquire(ctx, name, o)
+		c <- result{ls, err, time.Now()}
+	}()
+	return c
+}
+
+// granted waits for a successful outcome.
+func granted(t testing.TB, c <-chan result, limit time.Duration) result {
+	t.Helper()
+	select {
+	case r := <-c:
+		if r.err != nil {
+			t.Fatalf("Acquire: %v", r.err)
+		}
+		return r
+	case <-time.After(limit):
+		t.Fatalf("Acquire not granted within %v", limit)
+	}
+	return result{}
+}
+
+// lostWithin waits for ls to end as lost.
+func lostWithin(t testing.TB, ls *dlock.Lease, limit time.Duration) time.Time {
+	t.Helper()
+	select {
+	case <-ls.Done():
+		if !errors.Is(ls.Err(), dlock.ErrLost) {
+			t.Fatalf("lease ended with %v, want ErrLost", ls.Err())
+		}
+		return time.Now()
+	case <-time.After(limit):
+		t.Fatalf("lease %q not lost within %v", ls.Name(), limit)
+	}
+	return time.Time{}
+}
+
+func fence(t testing.TB, ls *dlock.Lease) uint64 {
+	t.Helper()
+	f, ok := ls.Fence()
+	if !ok {
+		t.Fatal("no fencing token")
+	}
+	return f
+}
+
+func itoa(n int32) string { return fmt.Sprint(n) }

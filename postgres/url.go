@@ -1,0 +1,136 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/dlock/dlock"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func init() {
+	dlock.Register("postgres", open)
+	dlock.Register("postgresql", open)
+}
+
+// DefaultMaxConns is the pool size of a Locker opened from a URL without
+// pool_max_conns.
+const DefaultMaxConns = 32
+
+// Parameters this package takes out of a URL before pgx sees it.
+const (
+	paramPrefix        = "prefix"
+	paramFencing       = "fencing"
+	paramSessionPooler = "session_pooler"
+)
+
+// open is the dlock.OpenFunc for postgres:// and postgresql:// URLs.
+func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
+	cfg, opts, err := ParseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	l, err := NewFromConfig(ctx, cfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: opening %s: %w", dlock.Redact(u), err)
+	}
+	return l, nil
+}
+
+// ParseURL turns a postgres:// or postgresql:// URL into a pool
+// configuration and the driver's options, without network I/O: dlock's lock
+// options and the driver's own parameters (see the package doc) are taken
+// out, the rest goes to pgxpool.ParseConfig. Every error matches
+// dlock.ErrInvalid and leaves the password out. It is what Open uses; call it
+// to adjust the configuration (a TLS config, pgx hooks) before
+// NewFromConfig.
+func ParseURL(u *url.URL) (*pgxpool.Config, *Options, error) {
+	if u == nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return nil, nil, invalid("the URL's scheme is not postgres or postgresql")
+	}
+	if u.Opaque != "" {
+		return nil, nil, invalid("URL must look like postgres://user:pass@host:port/database")
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, invalid("malformed query")
+	}
+	lock, err := dlock.OptionsFromQuery(q)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := &Options{Lock: *lock}
+	take := func(key string) (string, bool, error) {
+		vals, ok := q[key]
+		if !ok {
+			return "", false, nil
+		}
+		delete(q, key)
+		if len(vals) != 1 {
+			return "", false, invalid("URL parameter %q given %d times", key, len(vals))
+		}
+		return vals[0], true, nil
+	}
+	boolean := func(key string) (bool, bool, error) {
+		v, ok, err := take(key)
+		if !ok || err != nil {
+			return false, ok, err
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return false, true, invalid("URL parameter %s=%q is not a boolean", key, v)
+		}
+		return b, true, nil
+	}
+	if opts.KeyPrefix, _, err = take(paramPrefix); err != nil {
+		return nil, nil, err
+	}
+	fencing, ok, err := boolean(paramFencing)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.NoFencing = ok && !fencing
+	if opts.SessionPooler, _, err = boolean(paramSessionPooler); err != nil {
+		return nil, nil, err
+	}
+	_, sized := q["pool_max_conns"]
+
+	rest := *u
+	rest.RawQuery = q.Encode()
+	rest.Fragment = ""
+	cfg, err := pgxpool.ParseConfig(rest.String())
+	if err != nil {
+		return nil, nil, invalid("%s", redactText(err, u))
+	}
+	if !sized {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	return cfg, opts, nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: postgres: %s", dlock.ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// redactText is err's text with u's password, if any, replaced. pgx's own
+// errors already leave it out; this makes sure.
+func redactText(err error, u *url.URL) string {
+	s := err.Error()
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		s = ue.Err.Error() // url.Error quotes the whole URL
+	}
+	if u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			s = strings.ReplaceAll(s, pw, "xxxxx")
+			if esc := url.QueryEscape(pw); esc != pw {
+				s = strings.ReplaceAll(s, esc, "xxxxx")
+			}
+		}
+	}
+	return s
+}

@@ -1,0 +1,206 @@
+package postgres_test
+
+import (
+	"errors"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/postgres"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func TestParseURL(t *testing.T) {
+	for _, tc := range []struct {
+		url      string
+		opts     postgres.Options
+		maxConns int32
+	}{
+		{"postgres://u:p@h:5432/db", postgres.Options{}, postgres.DefaultMaxConns},
+		{"postgresql://u:p@h/db?sslmode=disable&pool_max_conns=5", postgres.Options{}, 5},
+		{"postgres://h/db?ttl=10s&refresh=false&prefix=app/&fencing=false&session_pooler=true&application_name=x",
+			postgres.Options{Lock: dlock.Options{TTL: 10 * time.Second, NoRefresh: true}, KeyPrefix: "app/", NoFencing: true, SessionPooler: true}, postgres.DefaultMaxConns},
+		{"postgres://h/db?fencing=true", postgres.Options{}, postgres.DefaultMaxConns},
+	} {
+		u, _ := url.Parse(tc.url)
+		cfg, opts, err := postgres.ParseURL(u)
+		if err != nil {
+			t.Errorf("ParseURL(%s): %v", tc.url, err)
+			continue
+		}
+		if *opts != tc.opts {
+			t.Errorf("ParseURL(%s) options = %+v, want %+v", tc.url, *opts, tc.opts)
+		}
+		if cfg.MaxConns != tc.maxConns {
+			t.Errorf("ParseURL(%s) MaxConns = %d, want %d", tc.url, cfg.MaxConns, tc.maxConns)
+		}
+		for _, k := range []string{"prefix", "fencing", "session_pooler", "ttl", "refresh"} {
+			if _, ok := cfg.ConnConfig.RuntimeParams[k]; ok {
+				t.Errorf("ParseURL(%s) passes %s to the server", tc.url, k)
+			}
+		}
+	}
+}
+
+func TestParseURLInvalid(t *testing.T) {
+	for _, raw := range []string{
+		"redis://h/db",
+		"postgres://u:s3cret@h/db?fencing=maybe",
+		"postgres://u:s3cret@h/db?session_pooler=2x",
+		"postgres://u:s3cret@h/db?prefix=a&prefix=b",
+		"postgres://u:s3cret@h/db?ttl=soon",
+		"postgres://u:s3cret@h/db?sslmode=bogus",
+		"postgres://u:s3cret@h/db?pool_max_conns=many",
+		"postgres://u:s3cret@h:99999999/db",
+		"postgres:opaque",
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = postgres.ParseURL(u)
+		if !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("ParseURL(%s): got %v, want ErrInvalid", raw, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ParseURL(%s): the error shows the password: %v", raw, err)
+		}
+	}
+}
+
+func TestSchemesRegistered(t *testing.T) {
+	for _, s := range []string{"postgres", "postgresql"} {
+		if !slices.Contains(dlock.Schemes(), s) {
+			t.Errorf("scheme %s not registered", s)
+		}
+	}
+}
+
+func TestOpen(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	l, err := dlock.Open(ctx, dsn(srv.Addr())+"&ttl=5s&prefix=opened/&application_name=dlock-open-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, l)
+	c := l.Capabilities()
+	if !c.Fencing || !c.FIFO || !c.NotifiedWait || !c.ConnectionBound || c.SurvivesRestart || c.MinTTL != postgres.MinTTL || c.ExpirySlack != postgres.ExpirySlack {
+		t.Errorf("Capabilities() = %+v", c)
+	}
+	name := uniqueName(t)
+	ls, err := l.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls.TTL() != 5*time.Second {
+		t.Errorf("TTL() = %v, want the URL's 5s", ls.TTL())
+	}
+	holderPID(t, raw, "opened/"+name)
+	var app string
+	if err := raw.QueryRow(ctx, "SELECT application_name FROM pg_stat_activity WHERE pid = $1", holderPID(t, raw, "opened/"+name)).Scan(&app); err != nil || app != "dlock-open-test" {
+		t.Errorf("holder's application_name = %q, %v", app, err)
+	}
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// fencing=false: no tokens.
+	nf, err := dlock.Open(ctx, dsn(srv.Addr())+"&fencing=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, nf)
+	if nf.Capabilities().Fencing {
+		t.Error("fencing=false declares Fencing")
+	}
+	ls, err = nf.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ls.Fence(); ok {
+		t.Error("a lease from fencing=false has a fence")
+	}
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOpenFails(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	for _, tc := range []struct{ what, url string }{
+		{"wrong password", "postgres://postgres:wr0ngpass@" + srv.Addr() + "/postgres?sslmode=disable"},
+		{"unknown parameter", dsn(srv.Addr()) + "&tll=5s"},
+		{"unreachable", "postgres://postgres:wr0ngpass@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2"},
+	} {
+		l, err := dlock.Open(ctx, tc.url)
+		if err == nil {
+			_ = l.Close(ctx)
+			t.Errorf("%s: Open succeeded", tc.what)
+			continue
+		}
+		if strings.Contains(err.Error(), "wr0ngpass") {
+			t.Errorf("%s: the error shows the password: %v", tc.what, err)
+		}
+		t.Logf("%s: %v", tc.what, err)
+	}
+}
+
+// New takes the application's pool: a lease holds one of its connections,
+// and gives it back after the release with the session's settings as they
+// were. Closing the Locker leaves the pool open.
+func TestApplicationPool(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	cfg, err := pgxpool.ParseConfig(dsn(srv.Addr()) + "&idle_session_timeout=77000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := postgres.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := uniqueName(t)
+	for range 3 {
+		ls, err := l.TryAcquire(ctx, name, &dlock.Options{TTL: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := pool.Stat().AcquiredConns(); n != 1 {
+			t.Errorf("a lease holds %d of the pool's connections, want 1", n)
+		}
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := pool.Stat().AcquiredConns(); n != 0 {
+			t.Errorf("after release %d connections stay acquired", n)
+		}
+		for range 2 { // both of the pool's connections
+			var v string
+			if err := pool.QueryRow(ctx, "SHOW idle_session_timeout").Scan(&v); err != nil || v != "77s" {
+				t.Errorf("a pool connection's idle_session_timeout = %q, %v; want the pool's own 77s", v, err)
+			}
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		t.Errorf("the pool after the Locker's Close: %v", err)
+	}
+	if _, err := postgres.New(nil, nil); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("New(nil): got %v, want ErrInvalid", err)
+	}
+}
