@@ -29,7 +29,93 @@
 //
 // # Guarantees
 //
-// See the section at the end of this comment, after Layout.
+// A lease is exclusive while it is valid (until its ValidUntil) as long as
+// the nodes are independent masters (no replication between them), the
+// clocks of the nodes and of the client advance at about the same rate (the
+// drift margin, Options.Drift, covers the difference), and no node loses a
+// lock before its TTL (see restarts below).
+//
+// Acquisition sends the same token to every node at once, each request
+// bounded by the node timeout (Options.NodeTimeout). The lock is granted
+// when a majority (N/2+1) took it and TTL − elapsed − drift > 0, elapsed
+// counted from before the first request was sent; ValidUntil is that
+// start + TTL − drift. The first majority to answer decides: a slow or
+// paused minority does not delay an acquisition at all, and an acquisition
+// that can no longer win stops at once. The nodes that took the lock for
+// an attempt that failed give it back as soon as their answer arrives, so
+// that no partial lock is left; a caller that waits retries after a random
+// delay of the order of an attempt when contenders split the vote.
+// Refresh extends the lock on every node that still holds the token
+// (compare-and-pexpire), needs a majority, and moves ValidUntil to the
+// refresh's start + TTL − drift; it never re-creates a lock a node has lost.
+// Release deletes the lock on every node that holds the token
+// (compare-and-delete), waiting for each up to the node timeout; it never
+// touches another holder's lock and is idempotent.
+//
+// Failures:
+//
+//   - A minority of nodes down, paused or partitioned away: everything
+//     works; Release and Held wait for the missing nodes up to the node
+//     timeout.
+//   - A majority unreachable: TryAcquire fails with ErrNoQuorum (paused
+//     nodes after the node timeout, nodes that refuse connections sooner)
+//     and Acquire keeps
+//     trying until its ctx ends. A held lease cannot be refreshed and ends,
+//     with its loss signalled, at its ValidUntil.
+//   - Process pauses (GC, SIGSTOP, a VM migration): a holder paused past
+//     its ValidUntil may resume believing it holds a lock that expired and
+//     was taken. The lease reports the loss, but only once the process runs
+//     again.
+//   - Clock jumps: Redis expires keys by its wall clock, so a node whose
+//     clock is stepped forward drops locks early (a contender may then win
+//     while the holder's lease is valid), and one stepped back keeps them
+//     longer. ValidUntil is on the client's monotonic clock and does not
+//     move. The drift margin covers clock rates, not steps: let NTP slew.
+//   - Restart without persistence: a node that restarts at once has
+//     forgotten its locks. If it was one of a holder's majority (a holder
+//     that took fewer than all nodes), a contender can take a majority with
+//     it while the holder's lease is still valid: two holders. The holder
+//     learns of it only when a refresh reaches a majority that no longer
+//     holds its token (the lease then ends with ErrLost); a refresh that
+//     cannot reach a majority reports ErrNoQuorum and the lease lasts until
+//     its ValidUntil. Two remedies: persistence (appendonly yes with
+//     appendfsync always), or the delayed-restart rule: keep a node that
+//     restarted without its data out of service for at least the longest
+//     TTL in use, so that every lease it was part of has been refreshed
+//     elsewhere or has expired before it can vote again.
+//
+// Fencing (default layout): every lease carries a token (Lease.Fence) that
+// strictly increases with every grant of the name, across holders and
+// takeovers. Each node keeps a counter per name, advanced in the same script
+// that takes the lock there; the lease's token is the highest counter of the
+// majority that granted it, and it is written back to (at least) a
+// majority of nodes still holding the lock before the lease is granted.
+// Any two majorities share a node, so a later holder counts past every
+// earlier token. This needs the nodes not to lose their counters, or, for a
+// node that lost one in a restart without persistence, the delayed-restart
+// rule and node clocks that agree to within the TTL: a missing counter
+// starts again at the node's clock in µs, above every token handed out
+// before. The tokens are therefore large numbers (microseconds since 1970
+// at the name's first use, counting up). Pass the token to the resource the
+// lock protects and have it refuse writes carrying a lower token than the
+// highest it has seen: that, not the lease alone, protects it from paused
+// holders, clock jumps and restarts. The compat layout has no fencing.
+//
+// Waiting is notified: a release announces itself on every node, a waiter
+// subscribes on every node and waits until a majority of subscriptions are
+// confirmed (a release deletes the lock on a majority, one of which it then
+// hears). It looks again as soon as a majority announced the release, or
+// 10ms after the first announcement otherwise. A lock that expires
+// without a release announces nothing: waiters look again when the holder's
+// majority would have expired, as read at their last attempt. Waiters are
+// not served in arrival order. Without a confirmed majority of
+// subscriptions, waiters poll between RetryMin and RetryMax.
+//
+// An attempt cut short by its ctx returns at once; its requests finish in
+// the background, and a lock they took is removed (announced) as soon as
+// each answers. A request delayed in the network past its node timeout may
+// still set the lock on that node later, where it lives until its TTL; on a
+// minority of nodes that stops no one.
 //
 // # Layout
 //
@@ -38,10 +124,12 @@
 //
 //	P{N}            string: the lease token, with the TTL as its expiry
 //	                (SET NX PX); deleted on release
-//	P{N}:fence      integer: the node's fencing counter, INCRed with every
-//	                grant on that node in the same script as the SET, and
-//	                raised to a lease's fencing token before the lease is
-//	                granted (see Guarantees); it persists by design
+//	P{N}:fence      integer: the node's fencing counter, started at the
+//	                node's TIME in µs and INCRed with every grant on that
+//	                node in the same script as the SET, and raised to a
+//	                lease's fencing token before the lease is granted (see
+//	                Guarantees); it persists by design, one small key per
+//	                name ever locked
 //	P{N}:released   pub/sub channel: an empty message when a release
 //	                deletes the lock on that node
 //

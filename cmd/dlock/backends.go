@@ -3,6 +3,7 @@ package main
 import (
 	"net"
 	"net/url"
+	"strings"
 
 	"github.com/dlock/dlock/internal/bench"
 	"github.com/dlock/dlock/internal/servers"
@@ -10,6 +11,7 @@ import (
 	// The drivers the bench can open by URL.
 	_ "github.com/dlock/dlock/memory"
 	_ "github.com/dlock/dlock/redis"
+	_ "github.com/dlock/dlock/redlock"
 )
 
 // backend is one row of the bench's backend table. Adding a backend is adding
@@ -42,6 +44,14 @@ var backends = []backend{
 			return (&url.URL{Scheme: "redis", Host: addrs[0], Path: "/0"}).String()
 		},
 		floor: bench.RedisFloors,
+	},
+	{
+		name:    "redlock",
+		servers: []servers.Kind{servers.Redis, servers.Redis, servers.Redis, servers.Redis, servers.Redis},
+		url: func(addrs []string) string {
+			return (&url.URL{Scheme: "redlock", Host: strings.Join(addrs, ","), Path: "/0"}).String()
+		},
+		floor: bench.RedlockFloors,
 	},
 }
 
