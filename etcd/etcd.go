@@ -155,10 +155,13 @@ func New(client *clientv3.Client, opts *Options) (dlock.Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: etcd: nil client", dlock.ErrInvalid)
 	}
-	return newLocker(client, opts, false)
+	l, _, err := newLocker(client, opts, false)
+	return l, err
 }
 
-func newLocker(client *clientv3.Client, opts *Options, ownsClient bool) (dlock.Locker, error) {
+// newLocker returns the Locker and its driver. open passes a nil client, and
+// sets it once the options are known to be valid.
+func newLocker(client *clientv3.Client, opts *Options, ownsClient bool) (dlock.Locker, *driver, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -173,7 +176,8 @@ func newLocker(client *clientv3.Client, opts *Options, ownsClient bool) (dlock.L
 		pool:       make(map[int64][]*lease),
 		attempts:   make(map[string]*lease),
 	}
-	return dlock.New(d, &o.Lock)
+	l, err := dlock.New(d, &o.Lock)
+	return l, d, err
 }
 
 // MutexName returns the name under which concurrency.NewMutex and `etcdctl
@@ -292,7 +296,7 @@ func (d *driver) Abandon(ctx context.Context, req dlock.Request) error {
 func (d *driver) Close() error {
 	d.drainPool()
 	d.bg.Wait() // bounded by revokeTimeout
-	if d.ownsClient {
+	if d.ownsClient && d.c != nil {
 		if err := d.c.Close(); err != nil && !errors.Is(err, context.Canceled) {
 			return fmt.Errorf("etcd: closing the client: %w", err)
 		}

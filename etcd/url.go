@@ -16,6 +16,8 @@ import (
 	"github.com/dlock/dlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	grpccreds "google.golang.org/grpc/credentials"
 )
 
 func init() {
@@ -52,18 +54,22 @@ func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
 			cfg.DialTimeout = max(left, time.Millisecond)
 		}
 	}
+	// The Locker first, so that its options are checked before any I/O;
+	// the client it is given is made next.
+	l, d, err := newLocker(nil, opts, true)
+	if err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
+		_ = l.Close(context.Background())
 		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), err)
 	}
 	client, err := clientv3.New(*cfg) // authenticates, bounded by DialTimeout
 	if err != nil {
+		_ = l.Close(context.Background())
 		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), redact(err, u))
 	}
-	l, err := newLocker(client, opts, true)
-	if err != nil {
-		_ = client.Close()
-		return nil, err
-	}
+	d.c = client
 	// One read under the prefix: the address, the credentials and the
 	// permission are checked here rather than at the first lock.
 	if _, err := client.Get(ctx, opts.KeyPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1)); err != nil {
@@ -189,8 +195,31 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 			tc.Certificates = []tls.Certificate{pair}
 		}
 		cfg.TLS = tc
+		if server != "" {
+			// gRPC verifies each connection against its endpoint's host,
+			// whatever tls.Config.ServerName says: name the server in the
+			// handshake instead. (A later dial option replaces the
+			// client's own credentials.)
+			cfg.DialOptions = append(cfg.DialOptions, grpc.WithTransportCredentials(
+				serverNameCreds{grpccreds.NewTLS(tc), server}))
+		}
 	}
 	return cfg, opts, nil
+}
+
+// serverNameCreds are TLS credentials that verify the server against a
+// fixed name rather than the endpoint's host.
+type serverNameCreds struct {
+	grpccreds.TransportCredentials
+	name string
+}
+
+func (c serverNameCreds) ClientHandshake(ctx context.Context, _ string, conn net.Conn) (net.Conn, grpccreds.AuthInfo, error) {
+	return c.TransportCredentials.ClientHandshake(ctx, c.name, conn)
+}
+
+func (c serverNameCreds) Clone() grpccreds.TransportCredentials {
+	return serverNameCreds{c.TransportCredentials.Clone(), c.name}
 }
 
 // params takes single-valued parameters out of a query.

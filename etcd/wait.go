@@ -29,7 +29,10 @@ const cleanupTimeout = time.Second
 var (
 	// beforeWatch runs between the read that found a waiter's predecessor
 	// and the watch on it.
-	beforeWatch func(ctx context.Context, pred string, rev int64)
+	beforeWatch func(pred string)
+	// watchEnded runs when a waiter's watch ends without the deletion it
+	// waits for (compaction, lost leader, closed stream).
+	watchEnded func(wr clientv3.WatchResponse)
 )
 
 // errWaiterExpired reports that a waiter's etcd lease expired while it
@@ -215,7 +218,7 @@ func (w *waiter) confirm(ctx context.Context) (*dlock.Grant, error) {
 // compaction, a lost leader, a reconnection): the queue must be read again.
 func (w *waiter) watch(ctx context.Context, gone <-chan error) (deleted bool, err error) {
 	if beforeWatch != nil {
-		beforeWatch(ctx, w.pred, w.seen)
+		beforeWatch(w.pred)
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
@@ -228,6 +231,9 @@ func (w *waiter) watch(ctx context.Context, gone <-chan error) (deleted bool, er
 			return false, err
 		case wr, ok := <-wc:
 			if !ok || wr.Canceled || wr.Err() != nil {
+				if watchEnded != nil {
+					watchEnded(wr)
+				}
 				return false, nil
 			}
 			if wr.Created {

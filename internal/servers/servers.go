@@ -133,6 +133,15 @@ type StartOptions struct {
 	// ReadyTimeout bounds the wait for the server to answer after it is
 	// started (not the image build). Default: 60s.
 	ReadyTimeout time.Duration
+
+	// Network attaches the container to a Docker network made by NewNetwork
+	// (its Name) instead of Docker's default bridge, so that the servers on
+	// it reach each other by Alias, as the members of one cluster do. The
+	// client port is still published on 127.0.0.1 only. Default: none.
+	Network string
+
+	// Alias is the container's host name on Network. Default: none.
+	Alias string
 }
 
 const (
@@ -200,8 +209,8 @@ func Start(ctx context.Context, kind Kind, opts *StartOptions) (*Server, error) 
 	if addr, ok, err := externalAddr(kind); err != nil {
 		return nil, err
 	} else if ok {
-		if len(opts.Cmd) > 0 || len(opts.Env) > 0 {
-			return nil, fmt.Errorf("%w: %s comes from %s, so Cmd and Env cannot be applied", ErrNotControllable, kind, envVar(kind))
+		if len(opts.Cmd) > 0 || len(opts.Env) > 0 || opts.Network != "" {
+			return nil, fmt.Errorf("%w: %s comes from %s, so Cmd, Env and Network cannot be applied", ErrNotControllable, kind, envVar(kind))
 		}
 		s := &Server{kind: kind, addr: addr, external: true, ready: ready}
 		if err := s.waitReady(ctx); err != nil {
@@ -501,8 +510,10 @@ func runContainer(ctx context.Context, client *dc.Client, kind Kind, tag string,
 				PortBindings: map[dc.Port][]dc.PortBinding{
 					port: {{HostIP: "127.0.0.1", HostPort: strconv.Itoa(hostPort)}},
 				},
+				NetworkMode: opts.Network, // "": the default bridge
 			},
-			Context: ctx,
+			NetworkingConfig: networking(opts),
+			Context:          ctx,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("servers: creating %s container: %w", kind, err)

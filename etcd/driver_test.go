@@ -1,0 +1,363 @@
+package etcd_test
+
+import (
+	"os"
+
+	"context"
+	"errors"
+	"github.com/dlock/dlock/internal/servers"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/etcd"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The layout of the package doc: one key per lease, P N/<token>, holding the
+// metadata, bound to an etcd lease of its own; the fence is its create
+// revision; names with "/" and "%" are escaped.
+func TestLayout(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	for _, tc := range []struct{ name, escaped string }{
+		{"plain", "plain"},
+		{"a/b%c", "a%2Fb%25c"},
+	} {
+		ls, err := l.Acquire(ctx, tc.name, &dlock.Options{TTL: 5 * time.Second, Metadata: "host-a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := etcd.MutexName(prefix, tc.name), prefix+tc.escaped; got != want {
+			t.Errorf("MutexName = %q, want %q", got, want)
+		}
+		key := prefix + tc.escaped + "/" + ls.Token()
+		resp, err := raw.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Key) != key {
+			t.Fatalf("keys under the prefix: %v, want just %q", resp.Kvs, key)
+		}
+		kv := resp.Kvs[0]
+		if string(kv.Value) != "host-a" {
+			t.Errorf("value %q, want the metadata", kv.Value)
+		}
+		if f, ok := ls.Fence(); !ok || int64(f) != kv.CreateRevision {
+			t.Errorf("Fence() = %d, %v; want the key's create revision %d", f, ok, kv.CreateRevision)
+		}
+		ttl, err := raw.TimeToLive(ctx, clientv3.LeaseID(kv.Lease), clientv3.WithAttachedKeys())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl.GrantedTTL != 5 || len(ttl.Keys) != 1 || string(ttl.Keys[0]) != key {
+			t.Errorf("etcd lease: granted %ds, keys %q; want 5s and just %q", ttl.GrantedTTL, ttl.Keys, key)
+		}
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Leases held at once have etcd leases of their own (the Locker's Close
+	// releases them).
+	seen := map[clientv3.LeaseID]string{}
+	for _, n := range []string{"x", "y", "z"} {
+		ls, err := l.Acquire(ctx, n, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := leaseOf(t, ctx, raw, prefix+n+"/"+ls.Token())
+		if other, dup := seen[id]; dup {
+			t.Fatalf("%q and %q share etcd lease %x", n, other, id)
+		}
+		seen[id] = n
+	}
+}
+
+// A name and a name below it ("a" and "a/b") are independent locks.
+func TestNamesDoNotNest(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	b := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	var held []*dlock.Lease
+	for _, n := range []string{"a", "a/b", "a/", "a%2Fb", "a%"} {
+		ls, err := a.TryAcquire(ctx, n, nil)
+		if err != nil {
+			t.Fatalf("TryAcquire(%q) with the others held: %v", n, err)
+		}
+		held = append(held, ls)
+	}
+	for _, ls := range held {
+		if _, err := b.TryAcquire(ctx, ls.Name(), nil); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("TryAcquire(%q) while held: got %v, want ErrNotAcquired", ls.Name(), err)
+		}
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// etcd raises a TTL below its minimum (2s by default): the lease reports the
+// TTL granted, and ValidUntil follows it.
+func TestTTLRaisedIsReported(t *testing.T) {
+	if os.Getenv("DLOCK_ETCD_ADDR") != "" {
+		t.Skip("needs etcd's default configuration")
+	}
+	ctx := testCtx(t)
+	srv := servers.RequireNew(t, servers.Etcd) // the default configuration: 2s minimum
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	for _, try := range []bool{true, false} {
+		start := time.Now()
+		var ls *dlock.Lease
+		var err error
+		if try {
+			ls, err = l.TryAcquire(ctx, "raised", &dlock.Options{TTL: time.Second})
+		} else {
+			ls, err = l.Acquire(ctx, "raised", &dlock.Options{TTL: 1500 * time.Millisecond})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ls.TTL(); got != 2*time.Second {
+			t.Errorf("TTL() = %v, want the 2s etcd granted", got)
+		}
+		if vu := ls.ValidUntil().Sub(start); vu < 1500*time.Millisecond || vu > 2*time.Second {
+			t.Errorf("ValidUntil is %v after the start, want about 2s", vu)
+		}
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Refresh to a longer TTL moves the key to a longer etcd lease, keeping its
+// create revision; to a shorter one it keeps the etcd lease and reports its
+// TTL.
+func TestRefreshChangesTTL(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	ls, err := l.Acquire(ctx, "ttl", &dlock.Options{TTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := prefix + "ttl/" + ls.Token()
+	before := leaseOf(t, ctx, raw, key)
+	if err := ls.Refresh(ctx, 7*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if ls.TTL() != 7*time.Second {
+		t.Errorf("TTL() after Refresh(7s) = %v", ls.TTL())
+	}
+	after := leaseOf(t, ctx, raw, key)
+	ttl, err := raw.TimeToLive(ctx, after)
+	if err != nil || ttl.GrantedTTL != 7 || after == before {
+		t.Errorf("after Refresh(7s): etcd lease %x (was %x) granted %ds, %v", after, before, ttl.GrantedTTL, err)
+	}
+	if f, _ := ls.Fence(); int64(f) != createRevision(t, ctx, raw, key) {
+		t.Error("the key was re-created by the move")
+	}
+	if err := ls.Refresh(ctx, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if ls.TTL() != 7*time.Second || leaseOf(t, ctx, raw, key) != after {
+		t.Errorf("Refresh(3s): TTL() = %v; want the 7s etcd lease kept", ls.TTL())
+	}
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A held key deleted, or its etcd lease revoked, behind the holder's back
+// is reported lost by the next watchdog refresh, before ValidUntil.
+func TestLossDetected(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	for _, how := range []string{"delete", "revoke"} {
+		ls, err := l.Acquire(ctx, how, &dlock.Options{TTL: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := prefix + how + "/" + ls.Token()
+		if how == "delete" {
+			_, err = raw.Delete(ctx, key)
+		} else {
+			_, err = raw.Revoke(ctx, leaseOf(t, ctx, raw, key))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ls.Done():
+			if at, until := time.Now(), ls.ValidUntil(); at.After(until) {
+				t.Errorf("%s: loss signalled %v after ValidUntil", how, at.Sub(until))
+			}
+			if !errors.Is(ls.Err(), dlock.ErrLost) {
+				t.Errorf("%s: Err() = %v, want ErrLost", how, ls.Err())
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: no loss signal", how)
+		}
+		if err := ls.Release(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Errorf("%s: Release after loss: got %v, want ErrNotHeld", how, err)
+		}
+	}
+}
+
+// Released leases' etcd leases are reused by the next acquisitions, and
+// Close revokes the idle ones.
+func TestIdleLeasesReusedAndRevoked(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	l, err := etcd.New(newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []clientv3.LeaseID
+	for i := range 3 {
+		ls, err := l.TryAcquire(ctx, "reuse", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, leaseOf(t, ctx, raw, prefix+"reuse/"+ls.Token()))
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && ids[i] != ids[0] {
+			t.Errorf("acquisition %d used etcd lease %x, want the idle %x", i, ids[i], ids[0])
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ttl, err := raw.TimeToLive(ctx, ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl.TTL != -1 {
+		t.Errorf("idle etcd lease still there after Close (TTL %d)", ttl.TTL)
+	}
+}
+
+// Open reads the prefix from the path and the lock options from the query,
+// owns its client, and fails without the password in the error.
+func TestOpen(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	l, err := dlock.Open(ctx, "etcd://"+srv.Addr()+",127.0.0.1:1/"+prefix+"?ttl=4s&dial_timeout=2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := l.TryAcquire(ctx, "open", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls.TTL() != 4*time.Second {
+		t.Errorf("TTL() = %v, want the URL's 4s", ls.TTL())
+	}
+	if createRevision(t, ctx, raw, "/"+prefix+"open/"+ls.Token()) == 0 {
+		t.Error("no key")
+	}
+	if err := l.Close(ctx); err != nil { // releases, closes its client
+		t.Fatal(err)
+	}
+
+	// Nothing listens on port 1.
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = dlock.Open(cctx, "etcd://user:s3cr%2Ft@127.0.0.1:1/")
+	if err == nil {
+		t.Fatal("Open of an unreachable server succeeded")
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Open took %v with a 1s ctx", d)
+	}
+	if strings.Contains(err.Error(), "s3cr") {
+		t.Errorf("error shows the password: %v", err)
+	}
+}
+
+func TestOpenInvalidURL(t *testing.T) {
+	ctx := context.Background()
+	for _, u := range []string{
+		"etcd:///prefix",
+		"etcd://h:notaport",
+		"etcd://h:2379,:2379",
+		"etcd://h:70000",
+		"etcd://h:2379?tls_ca=/x.pem",
+		"etcds://h:2379?tls_cert=/c.pem",
+		"etcd://h:2379?dial_timeout=soon",
+		"etcd://h:2379?ttl=1s&ttl=2s",
+		"etcd://h:2379?bogus=1",
+		"etcd://h:2379?ttl=10ms",
+		"etcds://h:2379?tls_ca=/nonexistent.pem",
+		"etcds://h:2379?tls_insecure_skip_verify=maybe",
+	} {
+		l, err := dlock.Open(ctx, strings.Replace(u, "://", "://user:s3cret@", 1))
+		if !errors.Is(err, dlock.ErrInvalid) {
+			if l != nil {
+				_ = l.Close(ctx)
+			}
+			t.Errorf("Open(%s): got %v, want ErrInvalid", u, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("Open(%s): the error shows the password: %v", u, err)
+		}
+	}
+	if _, err := dlock.Open(ctx, "etcd://user@h:2379"); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("a user without a password: got %v, want ErrInvalid", err)
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	cfg, opts, err := etcd.ParseURL("etcd://u:p%40ss@h1,h2:2380,10.0.0.1:2381/app/locks/?ttl=3s&dial_timeout=1s&dial_keep_alive_time=10s&dial_keep_alive_timeout=4s&auto_sync_interval=1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"http://h1:2379", "http://h2:2380", "http://10.0.0.1:2381"}
+	if strings.Join(cfg.Endpoints, " ") != strings.Join(want, " ") {
+		t.Errorf("endpoints %v, want %v", cfg.Endpoints, want)
+	}
+	if cfg.Username != "u" || cfg.Password != "p@ss" {
+		t.Errorf("credentials %q/%q", cfg.Username, cfg.Password)
+	}
+	if cfg.DialTimeout != time.Second || cfg.DialKeepAliveTime != 10*time.Second || cfg.DialKeepAliveTimeout != 4*time.Second || cfg.AutoSyncInterval != time.Minute {
+		t.Errorf("timeouts %v %v %v %v", cfg.DialTimeout, cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout, cfg.AutoSyncInterval)
+	}
+	if cfg.Logger == nil || cfg.TLS != nil {
+		t.Errorf("logger %v (want a no-op one), TLS %v (want none)", cfg.Logger, cfg.TLS)
+	}
+	if opts.KeyPrefix != "/app/locks/" || opts.Lock.TTL != 3*time.Second {
+		t.Errorf("options %+v", opts)
+	}
+	cfg, opts, err = etcd.ParseURL("etcd://[::1]")
+	if err != nil || opts.KeyPrefix != etcd.DefaultKeyPrefix || cfg.Endpoints[0] != "http://[::1]:2379" {
+		t.Errorf("etcd://[::1]: endpoints %v, prefix %q, %v; want [::1]:2379 and the default prefix", cfg.Endpoints, opts.KeyPrefix, err)
+	}
+	cfg, _, err = etcd.ParseURL("etcds://h?tls_insecure_skip_verify=true&tls_server_name=etcd.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TLS == nil || !cfg.TLS.InsecureSkipVerify || cfg.TLS.ServerName != "etcd.test" || cfg.Endpoints[0] != "https://h:2379" {
+		t.Errorf("etcds: TLS %+v, endpoints %v", cfg.TLS, cfg.Endpoints)
+	}
+}
