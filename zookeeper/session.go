@@ -68,7 +68,7 @@ var errNoSession = errors.New("zookeeper: no live session (reconnecting)")
 
 // idleAfter is how long an owned session with no lease and no acquisition
 // stays open, in case another lock with the same TTL comes.
-func idleAfter(timeout time.Duration) time.Duration { return max(timeout, 5*time.Second) }
+var idleAfter = func(timeout time.Duration) time.Duration { return max(timeout, 5*time.Second) }
 
 // openSession dials a new session of the driver's own with the given
 // requested timeout. It returns at once; ready is closed when it is usable.
