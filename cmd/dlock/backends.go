@@ -10,6 +10,7 @@ import (
 	// The drivers the bench can open by URL.
 	_ "github.com/dlock/dlock/memory"
 	_ "github.com/dlock/dlock/redis"
+	_ "github.com/dlock/dlock/zookeeper"
 )
 
 // backend is one row of the bench's backend table. Adding a backend is adding
@@ -42,6 +43,14 @@ var backends = []backend{
 			return (&url.URL{Scheme: "redis", Host: addrs[0], Path: "/0"}).String()
 		},
 		floor: bench.RedisFloors,
+	},
+	{
+		name:    "zookeeper",
+		servers: []servers.Kind{servers.ZooKeeper},
+		url: func(addrs []string) string {
+			return (&url.URL{Scheme: "zk", Host: addrs[0], Path: "/dlock-bench"}).String()
+		},
+		floor: bench.ZooKeeperFloors,
 	},
 }
 
