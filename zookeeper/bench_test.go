@@ -146,4 +146,3 @@ func BenchmarkConformance(b *testing.B) {
 	srv := zkServer(b)
 	conformance.Benchmark(b, harness{addr: srv.Addr(), root: "/dlock-bench"})
 }
-
