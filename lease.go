@@ -324,13 +324,16 @@ func (ls *Lease) end(err error) {
 		return
 	}
 	ls.err = err
+	// The context first: whoever sees Done closed sees it cancelled too.
+	// (Cancelling runs no callback here: context.AfterFunc's run in
+	// goroutines of their own.)
+	ls.cancel(err)
 	close(ls.done)
 	ls.deadline.Stop()
 	if ls.tick != nil {
 		ls.tick.Stop()
 	}
 	ls.mu.Unlock()
-	ls.cancel(err)
 	ls.cancelRefresh()
 	ls.l.forget(ls)
 }
