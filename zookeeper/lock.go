@@ -41,6 +41,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, wait bool) (*dl
 	if err != nil {
 		return nil, err
 	}
+	called := time.Now()
 	parent := d.parent(req.Name)
 	var b backoff
 	for requeued := 0; ; {
@@ -48,7 +49,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, wait bool) (*dl
 		n, err = d.create(ctx, s, parent, req.Token, []byte(req.Metadata))
 		if err == nil {
 			var g *dlock.Grant
-			g, err = d.queue(ctx, s, parent, n, req, wait)
+			g, err = d.queue(ctx, s, parent, n, req, wait, called)
 			if err == nil {
 				return g, nil // the lease keeps the session's count
 			}
@@ -207,12 +208,14 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 // returns without a grant, n has been deleted, or is being deleted in the
 // background if that takes long.
 //
-// The lease's validity counts from the listing that found n first, once the
-// attempt has waited; before that, from the call (Grant.Sent zero), which is
-// earlier still.
-func (d *driver) queue(ctx context.Context, s *session, parent string, n node, req dlock.Request, wait bool) (*dlock.Grant, error) {
+// The lease's validity counts from the call (Grant.Sent zero: the most
+// conservative choice) when the grant came within three quarters of the TTL
+// of it; otherwise (after a wait, or reconnecting) from the listing that
+// found n first. Either is safe: every request on the session, sent at that
+// time or later, restarted its timeout on the server.
+func (d *driver) queue(ctx context.Context, s *session, parent string, n node, req dlock.Request, wait bool, called time.Time) (*dlock.Grant, error) {
 	var b backoff
-	for first := true; ; first = false {
+	for {
 		sent := time.Now()
 		var children []string
 		err := s.do(ctx, func() (err error) {
@@ -232,7 +235,7 @@ func (d *driver) queue(ctx context.Context, s *session, parent string, n node, r
 			case i == len(q): // deleted by someone else
 				return nil, errRequeue
 			case i == 0:
-				if first {
+				if time.Since(called) <= req.TTL*3/4 {
 					sent = time.Time{}
 				}
 				return d.grant(s, n, req, sent), nil

@@ -30,6 +30,7 @@ type session struct {
 	conn   *zk.Conn
 	events <-chan zk.Event // owned: closed by go-zookeeper once its goroutines are done
 	socks  socketSet       // owned: the sockets dialled, closed by close
+	hosts  *hostProvider   // owned
 
 	// ready is closed once the session can be used: owned, when the first
 	// generation started and the credentials were added (setupErr says if
@@ -67,7 +68,7 @@ var errNoSession = errors.New("zookeeper: no live session (reconnecting)")
 
 // idleAfter is how long an owned session with no lease and no acquisition
 // stays open, in case another lock with the same TTL comes.
-func idleAfter(timeout time.Duration) time.Duration { return max(timeout, 5*time.Second) }
+var idleAfter = func(timeout time.Duration) time.Duration { return max(timeout, 5*time.Second) }
 
 // openSession dials a new session of the driver's own with the given
 // requested timeout. It returns at once; ready is closed when it is usable.
@@ -75,9 +76,10 @@ func (d *driver) openSession(ms int32) *session {
 	s := &session{d: d, owned: true, key: ms, ready: make(chan struct{}), started: make(chan struct{}), ended: map[int64]struct{}{}}
 	s.dialCtx, s.cancel = context.WithCancel(context.Background())
 	s.mu.Lock() // the event callback may run before Connect returns
+	s.hosts = &hostProvider{}
 	conn, events, err := zk.Connect(d.servers, time.Duration(ms)*time.Millisecond,
 		zk.WithDialer(s.dial),
-		zk.WithHostProvider(&hostProvider{}),
+		zk.WithHostProvider(s.hosts),
 		zk.WithLogger(d.logger),
 		zk.WithLogInfo(false),
 		zk.WithEventCallback(s.onEvent),
@@ -482,7 +484,8 @@ func (p *hostProvider) Connected() {
 // sniffConn is a socket of an owned session. It reads the session ID and
 // the negotiated timeout off the connect response, the first frame the
 // server sends: length, protocol version, timeout (ms), session ID, all big
-// endian. go-zookeeper keeps the negotiated timeout to itself.
+// endian. go-zookeeper keeps the negotiated timeout to itself, and counts a
+// connect answered with "session expired" as a failed one.
 type sniffConn struct {
 	net.Conn
 	s   *session
@@ -499,6 +502,9 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 			c.s.handshake.timeout = int32(binary.BigEndian.Uint32(c.hdr[8:12]))
 			c.s.handshake.sid = int64(binary.BigEndian.Uint64(c.hdr[12:20]))
 			c.s.mu.Unlock()
+			// The server answered, if only to say that the session expired: the
+			// next connection (for a new session) need not wait.
+			c.s.hosts.Connected()
 		}
 	}
 	return n, err

@@ -48,10 +48,11 @@
 // it, whether or not leases are refreshed, so a lease that is not refreshed
 // (NoRefresh, or a watchdog that cannot reach the server) has its node
 // deleted by the driver once its TTL has passed since the last refresh was
-// sent. A refresh is a read of the lease's node that checks that it is still
+// sent. A refresh is one read of the lease's node, checking that it is still
 // there and still owned by the lease's session; the lease's ValidUntil counts
-// from when it was sent, so it is never later than the moment the server
-// could expire the session.
+// from when it was sent (from when Acquire was called, for a lock granted
+// without waiting), so it is never later than the moment the server could
+// expire the session.
 //
 // Session states: while go-zookeeper is disconnected (suspended), refreshes
 // fail and the lease stays valid until its ValidUntil, then reports loss; if
@@ -104,10 +105,10 @@
 //
 // This is the layout of Apache Curator's InterProcessMutex and of
 // go-zookeeper's zk.Lock: dlock, Curator and zk.Lock locks on the path
-// LockPath(root, name) exclude each other and queue together. Each grant also
-// writes (empty) data to R/N, in the same transaction as the create, to read
-// the new node's zxid; the driver needs read, write, create and delete
-// permissions on R/N.
+// LockPath(root, name) exclude each other and queue together. Each lock node
+// is created in one transaction with an (empty) write to R/N, whose reply
+// carries the transaction's zxid, the new node's czxid: the driver needs
+// read, write, create and delete permissions on R/N.
 package zookeeper
 
 import (

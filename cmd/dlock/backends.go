@@ -12,6 +12,7 @@ import (
 	_ "github.com/dlock/dlock/memory"
 	_ "github.com/dlock/dlock/redis"
 	_ "github.com/dlock/dlock/redlock"
+	_ "github.com/dlock/dlock/zookeeper"
 )
 
 // backend is one row of the bench's backend table. Adding a backend is adding
@@ -52,6 +53,14 @@ var backends = []backend{
 			return (&url.URL{Scheme: "redlock", Host: strings.Join(addrs, ","), Path: "/0"}).String()
 		},
 		floor: bench.RedlockFloors,
+	},
+	{
+		name:    "zookeeper",
+		servers: []servers.Kind{servers.ZooKeeper},
+		url: func(addrs []string) string {
+			return (&url.URL{Scheme: "zk", Host: addrs[0], Path: "/dlock-bench"}).String()
+		},
+		floor: bench.ZooKeeperFloors,
 	},
 }
 
