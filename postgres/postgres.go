@@ -91,14 +91,20 @@
 // which Acquire then starts again at the back of the queue.
 //
 // Fencing tokens are pg_current_xact_id(), the 64-bit transaction id that the
-// acquiring statement takes after the grant and commits with
-// synchronous_commit at least 'local' (the server's setting is kept unless it
-// is 'off'). Transaction ids only grow, and a committed one is in the flushed
-// WAL, so tokens strictly increase across holders, releases, expiries and
-// server crashes and restarts, with no table to create; with synchronous
-// replication (synchronous_commit on or above) also across failover to a
-// synchronous standby. The cost: one transaction id and one WAL flush per
-// acquisition. Options.NoFencing turns them off (Capabilities.Fencing false).
+// acquiring statement takes after the grant. Transaction ids only grow, but a
+// crashed server hands out again those whose commit had not reached the disk,
+// and PostgreSQL does not flush the commit of a transaction that wrote no WAL:
+// so the acquiring transaction also writes one small WAL record (a
+// transactional logical message with prefix "dlock", which logical
+// replication passes on only to consumers that ask for messages) and commits
+// with synchronous_commit at least 'local' (the server's setting is kept
+// unless it is 'off'). The token is on disk before the client sees it, and
+// tokens strictly increase across holders, releases, expiries and server
+// crashes and restarts, with no table or sequence to create; with synchronous
+// replication (synchronous_commit on or above), also across failover to a
+// synchronous standby. The cost: one transaction id and one WAL flush (group
+// committed with others) per acquisition. Options.NoFencing turns them off
+// (Capabilities.Fencing false).
 //
 // What it does not survive:
 //
@@ -224,7 +230,8 @@ type Options struct {
 	KeyPrefix string
 
 	// NoFencing turns fencing tokens off (URL: fencing=false): an acquisition
-	// then takes no transaction id and flushes no WAL. Default false.
+	// then takes no transaction id, writes no WAL and waits for no disk.
+	// Default false.
 	NoFencing bool
 
 	// SessionPooler allows a proxy between the driver and the server, such as
@@ -373,13 +380,14 @@ type acquireRow struct {
 	locked   *bool
 	waited   float64
 	fence    *string
+	logged   *string // pg_lsn
 	prevIdle string
 	idle     *string
 	sync     *string
 }
 
 func (r *acquireRow) dest() []any {
-	return []any{&r.pid, &r.key, &r.locked, &r.waited, &r.fence, &r.prevIdle, &r.idle, &r.sync}
+	return []any{&r.pid, &r.key, &r.locked, &r.waited, &r.fence, &r.logged, &r.prevIdle, &r.idle, &r.sync}
 }
 
 // acquire makes one attempt on a connection from the pool: one
