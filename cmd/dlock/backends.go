@@ -9,6 +9,7 @@ import (
 
 	// The drivers the bench can open by URL.
 	_ "github.com/dlock/dlock/memory"
+	_ "github.com/dlock/dlock/postgres"
 	_ "github.com/dlock/dlock/redis"
 )
 
@@ -42,6 +43,20 @@ var backends = []backend{
 			return (&url.URL{Scheme: "redis", Host: addrs[0], Path: "/0"}).String()
 		},
 		floor: bench.RedisFloors,
+	},
+	{
+		name:    "postgres",
+		servers: []servers.Kind{servers.Postgres},
+		url: func(addrs []string) string {
+			return (&url.URL{
+				Scheme:   "postgres",
+				User:     url.UserPassword(servers.PostgresUser, servers.PostgresPassword),
+				Host:     addrs[0],
+				Path:     "/" + servers.PostgresDatabase,
+				RawQuery: "sslmode=disable",
+			}).String()
+		},
+		floor: bench.PostgresFloors,
 	},
 }
 
