@@ -142,7 +142,7 @@ func (h *lease) watch(watched chan struct{}) {
 		h.watching = false
 		h.mu.Unlock()
 		close(watched)
-		h.giveUp(fmt.Errorf("the server ended the session: %w", err))
+		h.giveUp() // the server ended the session (FATAL, EOF)
 		return
 	}
 }
@@ -154,15 +154,16 @@ func (h *lease) onExpiry() {
 	busy, gone := h.busy, h.gone
 	h.mu.Unlock()
 	if !busy && !gone {
-		h.giveUp(errors.New("the session's idle timeout has passed"))
+		h.giveUp()
 	}
 }
 
 // giveUp ends the lease as lost: it signals the loss, stops the timers and
 // the watcher, and closes the connection (its session, and the lock, end)
 // before handing it back to the pool, which drops it. It does nothing the
-// second time, or after a release.
-func (h *lease) giveUp(why error) {
+// second time, or after a release. The Locker reports the loss; the reason,
+// where there is one, is in the error of the call that found it.
+func (h *lease) giveUp() {
 	h.mu.Lock()
 	if h.gone {
 		h.mu.Unlock()
@@ -177,7 +178,6 @@ func (h *lease) giveUp(why error) {
 	if watched != nil {
 		<-watched
 	}
-	_ = why // the Locker reports the loss; the reason is in the error of the call that found it
 	discard(h.c)
 	h.d.untrack(h)
 }
@@ -190,7 +190,7 @@ func (h *lease) giveUp(why error) {
 // leave the session and its lock alone.
 func (h *lease) fail(err error) bool {
 	if h.pg.IsClosed() {
-		h.giveUp(err)
+		h.giveUp()
 		return true
 	}
 	return false
@@ -214,7 +214,7 @@ func (h *lease) checkPID(op string, pid int32) error {
 		return nil
 	}
 	err := fmt.Errorf("%w: lease taken on backend %d, %s ran on backend %d", ErrPooler, h.pid, op, pid)
-	h.giveUp(err)
+	h.giveUp()
 	return h.notHeld(op, err)
 }
 
@@ -276,7 +276,7 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 		return false, err // the lease is lost; the error says why
 	}
 	if held == nil || !*held {
-		h.giveUp(errors.New("the session no longer holds the lock"))
+		h.giveUp() // the session no longer holds the lock
 		return false, nil
 	}
 	return true, nil
@@ -313,9 +313,8 @@ func (h *lease) Release(ctx context.Context) error {
 		if err := h.checkPID("release", pid); err != nil {
 			return err
 		}
-		err := errors.New("the session did not hold the lock")
-		h.giveUp(err)
-		return h.notHeld("release", err)
+		h.giveUp()
+		return h.notHeld("release", errors.New("the session did not hold the lock"))
 	}
 	h.mu.Lock()
 	h.busy, h.gone = false, true
