@@ -134,28 +134,29 @@ func (h *lease) watch(watched chan struct{}) {
 			close(watched)
 			return
 		}
-		h.mu.Unlock()
 		if err == nil {
+			h.mu.Unlock()
 			continue // a notification: someone else's business
 		}
-		h.mu.Lock()
+		// The server ended the session (FATAL, EOF). No statement runs: it
+		// would have stopped the watch first.
 		h.watching = false
-		h.mu.Unlock()
 		close(watched)
-		h.giveUp() // the server ended the session (FATAL, EOF)
+		h.giveUpLocked()
 		return
 	}
 }
 
 // onExpiry gives the connection up when the lock has expired on the server
-// for sure and no word of the session's end came.
+// for sure and no word of the session's end came, unless a statement runs
+// (which then decides).
 func (h *lease) onExpiry() {
 	h.mu.Lock()
-	busy, gone := h.busy, h.gone
-	h.mu.Unlock()
-	if !busy && !gone {
-		h.giveUp()
+	if h.busy {
+		h.mu.Unlock()
+		return
 	}
+	h.giveUpLocked()
 }
 
 // giveUp ends the lease as lost: it signals the loss, stops the timers and
@@ -163,8 +164,17 @@ func (h *lease) onExpiry() {
 // before handing it back to the pool, which drops it. It does nothing the
 // second time, or after a release. The Locker reports the loss; the reason,
 // where there is one, is in the error of the call that found it.
+//
+// Only the statement that holds the connection (busy), the driver's Close
+// (when the Locker runs none), or, while none runs, the watcher and the
+// expiry timer give a lease up.
 func (h *lease) giveUp() {
 	h.mu.Lock()
+	h.giveUpLocked()
+}
+
+// giveUpLocked is giveUp with mu held; it unlocks mu.
+func (h *lease) giveUpLocked() {
 	if h.gone {
 		h.mu.Unlock()
 		return
@@ -235,16 +245,18 @@ func (h *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	_, err = cancellable(ctx, h.pg, h.opLimit(ttl), func(qctx context.Context) error {
 		return h.c.QueryRow(qctx, refreshSQL, h.pid, ms).Scan(&pid, &idle)
 	})
-	h.end(sent, ttl, err == nil)
 	if err != nil {
 		if h.fail(err) {
 			return 0, h.notHeld("refresh", err)
 		}
+		h.end(sent, ttl, false)
 		return 0, h.stmtError(ctx, "refresh", err)
 	}
-	if err := h.checkPID("refresh", pid); err != nil {
-		return 0, err
+	if pid != h.pid {
+		defer h.end(sent, ttl, false)
+		return 0, h.checkPID("refresh", pid)
 	}
+	h.end(sent, ttl, true)
 	return ttl, nil
 }
 
@@ -265,13 +277,14 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 	_, err := cancellable(ctx, h.pg, h.opLimit(0), func(qctx context.Context) error {
 		return h.c.QueryRow(qctx, heldSQL, h.pid, h.key, ms).Scan(&pid, &held, &idle)
 	})
-	h.end(time.Time{}, 0, false)
 	if err != nil {
 		if h.fail(err) {
 			return false, nil
 		}
+		h.end(time.Time{}, 0, false)
 		return false, h.stmtError(ctx, "check", err)
 	}
+	defer h.end(time.Time{}, 0, false)
 	if err := h.checkPID("check", pid); err != nil {
 		return false, err // the lease is lost; the error says why
 	}
@@ -296,7 +309,6 @@ func (h *lease) Release(ctx context.Context) error {
 	var idle *string
 	err := h.c.QueryRow(ctx, releaseSQL, h.pid, h.key, h.prevIdle).Scan(&pid, &unlocked, &idle)
 	if err != nil {
-		h.end(time.Time{}, 0, false)
 		if h.fail(err) {
 			if ctx.Err() != nil {
 				// Not ErrNotHeld: the caller learns that its release did not
@@ -306,10 +318,11 @@ func (h *lease) Release(ctx context.Context) error {
 			}
 			return h.notHeld("release", err)
 		}
+		h.end(time.Time{}, 0, false)
 		return h.stmtError(ctx, "release", err)
 	}
 	if pid != h.pid || unlocked == nil || !*unlocked {
-		h.end(time.Time{}, 0, false)
+		defer h.end(time.Time{}, 0, false)
 		if err := h.checkPID("release", pid); err != nil {
 			return err
 		}
