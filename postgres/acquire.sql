@@ -13,8 +13,8 @@
 --            taken only if pg_backend_pid() is that pid (0: no check; see
 --            Options.SessionPooler).
 --   $4 text  the lease's idle_session_timeout, in milliseconds: the TTL.
---   $5 bool  fencing: take pg_current_xact_id() after the grant, and commit
---            with synchronous_commit at least 'local'.
+--   $5 bool  fencing: take pg_current_xact_id() after the grant, and make the
+--            commit durable before the statement returns (see below).
 --
 -- Returns one row:
 --   pid        int4    pg_backend_pid()
@@ -30,11 +30,20 @@
 -- while the lock is held and tokens follow grant order. Nothing is changed
 -- unless the lock was granted. A statement that fails (cancelled wait) rolls
 -- its set_config calls back with its implicit transaction.
+--
+-- A transaction id is only reissued after a crash if its commit never reached
+-- the disk, and PostgreSQL does not flush the commit of a transaction that
+-- wrote no WAL (it loses nothing for anyone else). So the fencing token's
+-- transaction writes one small WAL record, a transactional logical message
+-- with prefix 'dlock' (ignored by logical replication unless asked for),
+-- and commits with synchronous_commit at least 'local': the commit is
+-- flushed, the token durable, before the client sees it.
 SELECT g.pid,
        g.key,
        g.locked,
        extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited,
        CASE WHEN g.locked AND $5 THEN pg_current_xact_id()::text END AS fence,
+       CASE WHEN g.locked AND $5 THEN pg_logical_emit_message(true, 'dlock', '') END AS logged,
        g.prev_idle,
        CASE WHEN g.locked THEN set_config('idle_session_timeout', $4, false) END AS idle,
        CASE WHEN g.locked AND $5 THEN

@@ -49,3 +49,10 @@ func TestConformance(t *testing.T) {
 	srv := servers.Require(t, servers.Postgres)
 	conformance.Run(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr())})
 }
+
+// The suite again at the declared MinTTL: the bounds hold for the shortest
+// TTL the driver accepts.
+func TestConformanceMinTTL(t *testing.T) {
+	srv := servers.Require(t, servers.Postgres)
+	conformance.RunConfig(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr())}, conformance.Config{TTL: postgres.MinTTL})
+}

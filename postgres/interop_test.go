@@ -41,6 +41,16 @@ func TestRawSQLInterop(t *testing.T) {
 			if pid == rawPID {
 				t.Fatal("the raw connection holds the lock")
 			}
+			// The operator's "who holds it" query of the package example.
+			var who int32
+			if err := raw.QueryRow(ctx, `
+				SELECT l.pid
+				FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+				WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+				  AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+				  AND l.objid = (hashtextextended($1, 0) & 4294967295)::oid`, key).Scan(&who); err != nil || who != pid {
+				t.Errorf("who-holds query = %d, %v; want %d", who, err, pid)
+			}
 			var ok bool
 			if err := raw.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key).Scan(&ok); err != nil || ok {
 				t.Fatalf("raw pg_try_advisory_lock while dlock holds = %v, %v; want false", ok, err)

@@ -134,36 +134,47 @@ func (h *lease) watch(watched chan struct{}) {
 			close(watched)
 			return
 		}
-		h.mu.Unlock()
 		if err == nil {
+			h.mu.Unlock()
 			continue // a notification: someone else's business
 		}
-		h.mu.Lock()
+		// The server ended the session (FATAL, EOF). No statement runs: it
+		// would have stopped the watch first.
 		h.watching = false
-		h.mu.Unlock()
 		close(watched)
-		h.giveUp(fmt.Errorf("the server ended the session: %w", err))
+		h.giveUpLocked()
 		return
 	}
 }
 
 // onExpiry gives the connection up when the lock has expired on the server
-// for sure and no word of the session's end came.
+// for sure and no word of the session's end came, unless a statement runs
+// (which then decides).
 func (h *lease) onExpiry() {
 	h.mu.Lock()
-	busy, gone := h.busy, h.gone
-	h.mu.Unlock()
-	if !busy && !gone {
-		h.giveUp(errors.New("the session's idle timeout has passed"))
+	if h.busy {
+		h.mu.Unlock()
+		return
 	}
+	h.giveUpLocked()
 }
 
 // giveUp ends the lease as lost: it signals the loss, stops the timers and
 // the watcher, and closes the connection (its session, and the lock, end)
 // before handing it back to the pool, which drops it. It does nothing the
-// second time, or after a release.
-func (h *lease) giveUp(why error) {
+// second time, or after a release. The Locker reports the loss; the reason,
+// where there is one, is in the error of the call that found it.
+//
+// Only the statement that holds the connection (busy), the driver's Close
+// (when the Locker runs none), or, while none runs, the watcher and the
+// expiry timer give a lease up.
+func (h *lease) giveUp() {
 	h.mu.Lock()
+	h.giveUpLocked()
+}
+
+// giveUpLocked is giveUp with mu held; it unlocks mu.
+func (h *lease) giveUpLocked() {
 	if h.gone {
 		h.mu.Unlock()
 		return
@@ -177,7 +188,6 @@ func (h *lease) giveUp(why error) {
 	if watched != nil {
 		<-watched
 	}
-	_ = why // the Locker reports the loss; the reason is in the error of the call that found it
 	discard(h.c)
 	h.d.untrack(h)
 }
@@ -190,7 +200,7 @@ func (h *lease) giveUp(why error) {
 // leave the session and its lock alone.
 func (h *lease) fail(err error) bool {
 	if h.pg.IsClosed() {
-		h.giveUp(err)
+		h.giveUp()
 		return true
 	}
 	return false
@@ -214,7 +224,7 @@ func (h *lease) checkPID(op string, pid int32) error {
 		return nil
 	}
 	err := fmt.Errorf("%w: lease taken on backend %d, %s ran on backend %d", ErrPooler, h.pid, op, pid)
-	h.giveUp(err)
+	h.giveUp()
 	return h.notHeld(op, err)
 }
 
@@ -235,16 +245,18 @@ func (h *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	_, err = cancellable(ctx, h.pg, h.opLimit(ttl), func(qctx context.Context) error {
 		return h.c.QueryRow(qctx, refreshSQL, h.pid, ms).Scan(&pid, &idle)
 	})
-	h.end(sent, ttl, err == nil)
 	if err != nil {
 		if h.fail(err) {
 			return 0, h.notHeld("refresh", err)
 		}
+		h.end(sent, ttl, false)
 		return 0, h.stmtError(ctx, "refresh", err)
 	}
-	if err := h.checkPID("refresh", pid); err != nil {
-		return 0, err
+	if pid != h.pid {
+		defer h.end(sent, ttl, false)
+		return 0, h.checkPID("refresh", pid)
 	}
+	h.end(sent, ttl, true)
 	return ttl, nil
 }
 
@@ -265,18 +277,19 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 	_, err := cancellable(ctx, h.pg, h.opLimit(0), func(qctx context.Context) error {
 		return h.c.QueryRow(qctx, heldSQL, h.pid, h.key, ms).Scan(&pid, &held, &idle)
 	})
-	h.end(time.Time{}, 0, false)
 	if err != nil {
 		if h.fail(err) {
 			return false, nil
 		}
+		h.end(time.Time{}, 0, false)
 		return false, h.stmtError(ctx, "check", err)
 	}
+	defer h.end(time.Time{}, 0, false)
 	if err := h.checkPID("check", pid); err != nil {
 		return false, err // the lease is lost; the error says why
 	}
 	if held == nil || !*held {
-		h.giveUp(errors.New("the session no longer holds the lock"))
+		h.giveUp() // the session no longer holds the lock
 		return false, nil
 	}
 	return true, nil
@@ -296,7 +309,6 @@ func (h *lease) Release(ctx context.Context) error {
 	var idle *string
 	err := h.c.QueryRow(ctx, releaseSQL, h.pid, h.key, h.prevIdle).Scan(&pid, &unlocked, &idle)
 	if err != nil {
-		h.end(time.Time{}, 0, false)
 		if h.fail(err) {
 			if ctx.Err() != nil {
 				// Not ErrNotHeld: the caller learns that its release did not
@@ -306,16 +318,16 @@ func (h *lease) Release(ctx context.Context) error {
 			}
 			return h.notHeld("release", err)
 		}
+		h.end(time.Time{}, 0, false)
 		return h.stmtError(ctx, "release", err)
 	}
 	if pid != h.pid || unlocked == nil || !*unlocked {
-		h.end(time.Time{}, 0, false)
+		defer h.end(time.Time{}, 0, false)
 		if err := h.checkPID("release", pid); err != nil {
 			return err
 		}
-		err := errors.New("the session did not hold the lock")
-		h.giveUp(err)
-		return h.notHeld("release", err)
+		h.giveUp()
+		return h.notHeld("release", errors.New("the session did not hold the lock"))
 	}
 	h.mu.Lock()
 	h.busy, h.gone = false, true

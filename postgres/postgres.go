@@ -1,6 +1,7 @@
-// Package postgres is the dlock driver for PostgreSQL (14 or later): session
-// advisory locks on dedicated connections, expired by the server, with
-// fencing tokens, built on github.com/jackc/pgx/v5.
+// Package postgres is the dlock driver for PostgreSQL (14 or later, for
+// idle_session_timeout): session advisory locks on dedicated connections,
+// expired and queued by the server, with durable fencing tokens, built on
+// github.com/jackc/pgx/v5.
 //
 // # URLs
 //
@@ -56,15 +57,22 @@
 // server received: the holder's ValidUntil (counted from when that
 // statement was sent, minus the drift margin) always comes first.
 // Capabilities.ExpirySlack (100ms) covers the round trip and the server
-// ending the session; it does not cover a server whose wall clock is
-// stepped forward (PostgreSQL times idle_session_timeout on it).
+// ending the session. As with any TTL lock, a refresh that reached the server
+// but whose answer never came back extends the lock there without the holder
+// knowing (the server may then keep it up to one TTL past ValidUntil). A
+// server whose wall clock is stepped forward ends sessions early (PostgreSQL
+// times idle_session_timeout on it). Lease.Held reads pg_locks for the
+// lease's session and key; since running it restarts the idle timer, it first
+// sets idle_session_timeout to the time the lease has left, so that asking
+// does not extend the lock.
 //
 // The lease's connection is watched while idle: when the server ends the
 // session (pg_terminate_backend, idle timeout, shutdown, restart) the lease
-// reports loss within milliseconds, not only at its next refresh. Any error
-// on that connection other than a statement cancelled on request (a dropped
-// connection, a FATAL error) ends the lease as lost, and its connection is
-// closed, never returned to the pool.
+// reports loss within milliseconds, not only at its next refresh. Any failure
+// that ends the connection (a dropped connection, a FATAL error, a statement
+// that the server would not cancel) ends the lease as lost, and the
+// connection is closed, never returned to the pool. A statement error that
+// leaves the session alone (a cancelled statement, an SQL error) does not.
 //
 // Contexts: TryAcquire and Release hand their ctx to pgx, which closes the
 // connection when the ctx ends mid-statement; for an attempt that makes sure
@@ -91,14 +99,20 @@
 // which Acquire then starts again at the back of the queue.
 //
 // Fencing tokens are pg_current_xact_id(), the 64-bit transaction id that the
-// acquiring statement takes after the grant and commits with
-// synchronous_commit at least 'local' (the server's setting is kept unless it
-// is 'off'). Transaction ids only grow, and a committed one is in the flushed
-// WAL, so tokens strictly increase across holders, releases, expiries and
-// server crashes and restarts, with no table to create; with synchronous
-// replication (synchronous_commit on or above) also across failover to a
-// synchronous standby. The cost: one transaction id and one WAL flush per
-// acquisition. Options.NoFencing turns them off (Capabilities.Fencing false).
+// acquiring statement takes after the grant. Transaction ids only grow, but a
+// crashed server hands out again those whose commit had not reached the disk,
+// and PostgreSQL does not flush the commit of a transaction that wrote no WAL:
+// so the acquiring transaction also writes one small WAL record (a
+// transactional logical message with prefix "dlock", which logical
+// replication passes on only to consumers that ask for messages) and commits
+// with synchronous_commit at least 'local' (the server's setting is kept
+// unless it is 'off'). The token is on disk before the client sees it, and
+// tokens strictly increase across holders, releases, expiries and server
+// crashes and restarts, with no table or sequence to create; with synchronous
+// replication (synchronous_commit on or above), also across failover to a
+// synchronous standby. The cost: one transaction id and one WAL flush (group
+// committed with others) per acquisition. Options.NoFencing turns them off
+// (Capabilities.Fencing false).
 //
 // What it does not survive:
 //
@@ -134,7 +148,9 @@
 // of the psql session; pg_try_advisory_lock works the same way. The name's
 // bytes are hashed in the database encoding (UTF-8 recommended). In pg_locks
 // a held lock is the row with locktype 'advisory', classid the key's high 32
-// bits, objid its low 32 bits, objsubid 1, and the holder's pid.
+// bits, objid its low 32 bits, objsubid 1, and the holder's pid. Two names
+// share a lock only if their 64-bit hashes collide (a chance of about
+// n²/2^65 among n names): they then exclude each other, which is safe.
 //
 // Nothing else is stored: no table, no sequence, nothing left on the server
 // once the sessions end. Metadata (Options.Metadata) is not stored.
@@ -224,7 +240,8 @@ type Options struct {
 	KeyPrefix string
 
 	// NoFencing turns fencing tokens off (URL: fencing=false): an acquisition
-	// then takes no transaction id and flushes no WAL. Default false.
+	// then takes no transaction id, writes no WAL and waits for no disk.
+	// Default false.
 	NoFencing bool
 
 	// SessionPooler allows a proxy between the driver and the server, such as
@@ -373,13 +390,14 @@ type acquireRow struct {
 	locked   *bool
 	waited   float64
 	fence    *string
+	logged   *string // pg_lsn
 	prevIdle string
 	idle     *string
 	sync     *string
 }
 
 func (r *acquireRow) dest() []any {
-	return []any{&r.pid, &r.key, &r.locked, &r.waited, &r.fence, &r.prevIdle, &r.idle, &r.sync}
+	return []any{&r.pid, &r.key, &r.locked, &r.waited, &r.fence, &r.logged, &r.prevIdle, &r.idle, &r.sync}
 }
 
 // acquire makes one attempt on a connection from the pool: one
@@ -458,7 +476,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	}
 	h.arm()
 	if !d.track(h) {
-		h.giveUp(errors.New("locker closed"))
+		h.giveUp()
 		return nil, dlock.ErrClosed
 	}
 	return &dlock.Grant{Handle: h, Fence: fence, Lost: h.lost, Sent: sent}, nil
@@ -494,7 +512,7 @@ func (d *driver) Close() error {
 	}
 	d.mu.Unlock()
 	for _, h := range leases {
-		h.giveUp(errors.New("locker closed"))
+		h.giveUp()
 	}
 	d.wg.Wait()
 	if d.ownsPool {

@@ -1,7 +1,9 @@
 package postgres_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"slices"
 	"strings"
@@ -202,5 +204,85 @@ func TestApplicationPool(t *testing.T) {
 	}
 	if _, err := postgres.New(nil, nil); !errors.Is(err, dlock.ErrInvalid) {
 		t.Errorf("New(nil): got %v, want ErrInvalid", err)
+	}
+}
+
+// Every way a lease ends gives its connection back to the application's
+// pool (closed, when the session ended or is in doubt): expiry, termination,
+// a cancelled wait, the Locker's Close.
+func TestConnectionsReturned(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	cfg, err := pgxpool.ParseConfig(dsn(srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := postgres.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	returned := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); pool.Stat().AcquiredConns() != 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after %s: %d connections still out of the pool", what, pool.Stat().AcquiredConns())
+			}
+		}
+	}
+	name := uniqueName(t)
+
+	ls, err := l.TryAcquire(ctx, name, &dlock.Options{TTL: 200 * time.Millisecond, NoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lostWithin(t, ls, time.Second)
+	returned("expiry")
+
+	ls, err = l.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Exec(ctx, "SELECT pg_terminate_backend($1)", holderPID(t, raw, name)); err != nil {
+		t.Fatal(err)
+	}
+	lostWithin(t, ls, 2*time.Second)
+	returned("termination")
+
+	other := newLocker(t, srv.Addr(), nil)
+	lo, err := other.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if _, err := l.Acquire(wctx, name, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait behind another holder: got %v, want DeadlineExceeded", err)
+	}
+	cancel()
+	returned("a cancelled wait")
+	if err := lo.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	for i := range 3 {
+		if _, err := l.TryAcquire(ctx, fmt.Sprint(name, i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := pool.Stat().AcquiredConns(); n != 3 {
+		t.Errorf("3 leases hold %d connections", n)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	returned("Close")
+	if n := pool.Stat().TotalConns(); n > cfg.MaxConns {
+		t.Errorf("%d connections in a pool of %d", n, cfg.MaxConns)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	// The drivers the bench can open by URL.
 	_ "github.com/dlock/dlock/memory"
+	_ "github.com/dlock/dlock/postgres"
 	_ "github.com/dlock/dlock/redis"
 	_ "github.com/dlock/dlock/redlock"
 	_ "github.com/dlock/dlock/zookeeper"
@@ -61,6 +62,20 @@ var backends = []backend{
 			return (&url.URL{Scheme: "zk", Host: addrs[0], Path: "/dlock-bench"}).String()
 		},
 		floor: bench.ZooKeeperFloors,
+	},
+	{
+		name:    "postgres",
+		servers: []servers.Kind{servers.Postgres},
+		url: func(addrs []string) string {
+			return (&url.URL{
+				Scheme:   "postgres",
+				User:     url.UserPassword(servers.PostgresUser, servers.PostgresPassword),
+				Host:     addrs[0],
+				Path:     "/" + servers.PostgresDatabase,
+				RawQuery: "sslmode=disable",
+			}).String()
+		},
+		floor: bench.PostgresFloors,
 	},
 }
 
