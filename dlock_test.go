@@ -136,3 +136,48 @@ func TestNewRejectsBadDefaults(t *testing.T) {
 		t.Fatalf("got %v, want ErrInvalid", err)
 	}
 }
+
+// A caller of Held, Refresh or Release that waits behind a watchdog refresh
+// stuck in a partition gives up when its own ctx ends, not at ValidUntil;
+// the lease is still valid and can be released once the network heals.
+func TestCallsBehindStuckRefreshEndWithCtx(t *testing.T) {
+	ctx := context.Background()
+	link := memory.NewLink()
+	l, err := memory.NewLinked(memory.NewStore(), nil, link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	ls, err := l.TryAcquire(ctx, "x", &dlock.Options{TTL: 3 * time.Second, RefreshInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.Blackhole()
+	// No event marks the refresh as sent: 200ms is four refresh intervals,
+	// and a refresh sent into the hole waits there until ValidUntil (~3s).
+	time.Sleep(200 * time.Millisecond)
+	for _, op := range []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"Held", func(ctx context.Context) error { _, err := ls.Held(ctx); return err }},
+		{"Refresh", func(ctx context.Context) error { return ls.Refresh(ctx, 0) }},
+		{"Release", func(ctx context.Context) error { return ls.Release(ctx) }},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		start := time.Now()
+		err := op.fn(cctx)
+		cancel()
+		// Tolerance: 100ms ctx + 900ms of scheduling slack, still well before ValidUntil.
+		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > time.Second {
+			t.Errorf("%s behind a stuck refresh: %v after %v; want DeadlineExceeded after ~100ms", op.name, err, time.Since(start))
+		}
+	}
+	if ls.Err() != nil {
+		t.Fatalf("the lease ended: %v", ls.Err())
+	}
+	link.Heal()
+	if err := ls.Release(ctx); err != nil {
+		t.Fatalf("Release after the heal: %v", err)
+	}
+}

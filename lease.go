@@ -27,8 +27,11 @@ type Lease struct {
 	drift    time.Duration   // from the grant, zero for the default
 
 	// ops serialises Refresh, Release and Held on the handle, so that the
-	// server sees them in the order their results are applied.
-	ops sync.Mutex
+	// server sees them in the order their results are applied. It is a
+	// one-slot channel rather than a mutex so that a caller waiting behind a
+	// request in flight (a watchdog refresh to an unreachable server) gives
+	// up when its ctx ends.
+	ops chan struct{}
 
 	mu             sync.Mutex
 	ttl            time.Duration
@@ -54,6 +57,7 @@ func newLease(l *locker, req Request, o Options, g *Grant, sent time.Time) *Leas
 		l: l, h: g.Handle, name: req.Name, token: req.Token,
 		fence: g.Fence, hasFence: l.caps.Fencing, opts: o, lost: g.Lost, drift: g.Drift,
 		ttl: req.TTL, done: make(chan struct{}), backoff: o.RetryMin,
+		ops: make(chan struct{}, 1),
 	}
 	if g.TTL > 0 {
 		ls.ttl = g.TTL
@@ -124,18 +128,18 @@ func (ls *Lease) onTick() {
 		return
 	}
 	defer ls.l.bg.Done()
-	ls.ops.Lock()
+	ls.ops <- struct{}{}
 	ls.mu.Lock()
 	stopped, until, ttl := ls.refreshStopped || ls.err != nil, ls.validUntil, ls.ttl
 	ls.mu.Unlock()
 	if stopped {
-		ls.ops.Unlock()
+		<-ls.ops
 		return
 	}
 	ctx, cancel := context.WithDeadline(ls.refreshCtx, until)
 	err := ls.refresh(ctx, ttl)
 	cancel()
-	ls.ops.Unlock()
+	<-ls.ops
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		return // refresh rescheduled the tick, or the lease has ended
 	}
@@ -210,13 +214,33 @@ func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if err := o.validate(ls.l.caps); err != nil {
 		return err
 	}
-	ls.ops.Lock()
-	defer ls.ops.Unlock()
+	if err := ls.lockOps(ctx); err != nil {
+		return fmt.Errorf("dlock: refresh of %q: %w", ls.name, err)
+	}
+	defer ls.unlockOps()
 	if err := ls.Err(); err != nil {
 		return err
 	}
 	return ls.refresh(ctx, ttl)
 }
+
+// lockOps takes ls.ops, waiting for a request in flight at most until ctx
+// ends.
+func (ls *Lease) lockOps(ctx context.Context) error {
+	select {
+	case ls.ops <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case ls.ops <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (ls *Lease) unlockOps() { <-ls.ops }
 
 // refresh sends one refresh; ls.ops is held.
 func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
@@ -267,15 +291,17 @@ func (ls *Lease) Release(ctx context.Context) error {
 	// Stop the watchdog first. A refresh in flight holds ops: taking it
 	// waits for that refresh to finish rather than cancelling it (some
 	// clients drop the connection, and with it the lock, on cancellation);
-	// it is bounded by ValidUntil.
-	ls.ops.Lock()
-	defer ls.ops.Unlock()
+	// it is bounded by ValidUntil, and the wait by ctx.
 	ls.mu.Lock()
 	ls.refreshStopped = true
 	if ls.tick != nil {
 		ls.tick.Stop()
 	}
 	ls.mu.Unlock()
+	if err := ls.lockOps(ctx); err != nil {
+		return fmt.Errorf("dlock: release of %q: %w", ls.name, err)
+	}
+	defer ls.unlockOps()
 	if err := ls.Err(); err != nil {
 		if errors.Is(err, ErrReleased) {
 			return nil
@@ -301,8 +327,10 @@ func (ls *Lease) Held(ctx context.Context) (bool, error) {
 	if ls.Err() != nil {
 		return false, nil
 	}
-	ls.ops.Lock()
-	defer ls.ops.Unlock()
+	if err := ls.lockOps(ctx); err != nil {
+		return false, fmt.Errorf("dlock: checking %q: %w", ls.name, err)
+	}
+	defer ls.unlockOps()
 	if ls.Err() != nil {
 		return false, nil
 	}
