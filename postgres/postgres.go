@@ -342,20 +342,26 @@ func millis(ttl time.Duration) (string, error) {
 	return strconv.FormatInt(int64((ttl+time.Millisecond-1)/time.Millisecond), 10), nil
 }
 
+// deadConnRetries is how many times TryAcquire replaces a pooled connection
+// that turns out dead.
+const deadConnRetries = 3
+
 // TryAcquire makes one pg_try_advisory_lock attempt (acquire.sql, one round
-// trip). A connection that turns out dead before the statement is answered
-// (the server restarted since the pool last used it) is replaced once.
+// trip). A pooled connection that turns out dead (the server restarted since
+// the pool last used it) is replaced, up to deadConnRetries times: its
+// session is gone, and with it anything the statement might have taken.
 func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
 	ms, err := millis(req.TTL)
 	if err != nil {
 		return nil, err
 	}
-	g, err := d.acquire(ctx, req, ms, false)
-	var ce *connError
-	if err != nil && ctx.Err() == nil && errors.As(err, &ce) {
-		g, err = d.acquire(ctx, req, ms, false)
+	for i := 0; ; i++ {
+		g, err := d.acquire(ctx, req, ms, false)
+		var ce *connError
+		if err == nil || i == deadConnRetries || ctx.Err() != nil || !errors.As(err, &ce) {
+			return g, err
+		}
 	}
-	return g, err
 }
 
 // Acquire waits in the server's lock queue (pg_advisory_lock). When its
