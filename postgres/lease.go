@@ -18,7 +18,8 @@ import (
 // The Locker serialises Refresh, Held and Release. Besides them, three
 // things touch the connection, under mu: the watcher (a goroutine reading
 // the idle connection, so that the session's end is noticed at once), the
-// expiry timer (which gives the connection up once the lock has expired for
+// lease's timer (which starts the watcher once the connection has been idle
+// for watchDelay, and gives the connection up once the lock has expired for
 // sure), and the driver's Close.
 type lease struct {
 	d        *driver
@@ -35,8 +36,7 @@ type lease struct {
 	gone     bool          // the connection was given up or released; lost is closed if given up
 	lastSent time.Time     // when the last statement that set the expiry was sent
 	ttl      time.Duration // the idle_session_timeout set then
-	expiry   *time.Timer   // gives the connection up after lastSent+ttl+expiryGrace
-	watchAt  *time.Timer   // starts the watcher after watchDelay of idleness
+	timer    *time.Timer   // onTimer: after watchDelay of idleness, then at expiresAt
 	watching bool
 	stopping bool          // the watcher is being stopped by us
 	watched  chan struct{} // closed when the watcher has returned
@@ -50,8 +50,7 @@ var errGone = errors.New("the lease's session has ended")
 func (h *lease) arm() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.expiry = time.AfterFunc(time.Until(h.lastSent.Add(h.ttl+expiryGrace)), h.onExpiry)
-	h.watchAt = time.AfterFunc(watchDelay, h.startWatch)
+	h.timer = time.AfterFunc(watchDelay, h.onTimer)
 }
 
 // begin claims the connection for a statement, stopping the watcher.
@@ -62,7 +61,7 @@ func (h *lease) begin() error {
 		return errGone
 	}
 	h.busy = true
-	h.watchAt.Stop()
+	h.timer.Stop()
 	watched := h.stopWatch()
 	h.mu.Unlock()
 	if watched != nil {
@@ -89,8 +88,7 @@ func (h *lease) end(sent time.Time, ttl time.Duration, moved bool) {
 	if moved {
 		h.lastSent, h.ttl = sent, ttl
 	}
-	h.expiry.Reset(time.Until(h.lastSent.Add(h.ttl + expiryGrace)))
-	h.watchAt.Reset(watchDelay)
+	h.timer.Reset(min(watchDelay, time.Until(h.expiresAt())))
 }
 
 // stopWatch asks a running watcher to return, by a read deadline in the
@@ -106,17 +104,32 @@ func (h *lease) stopWatch() chan struct{} {
 	return h.watched
 }
 
-// startWatch starts the watcher on an idle connection.
-func (h *lease) startWatch() {
+// expiresAt is when the server has ended the lease's session for sure, if
+// it heard nothing since the last statement; mu is held.
+func (h *lease) expiresAt() time.Time { return h.lastSent.Add(h.ttl + expiryGrace) }
+
+// onTimer starts the watcher on a connection idle for watchDelay, and gives
+// the connection up once the lock has expired on the server for sure with no
+// word of the session's end, unless a statement runs (which then decides).
+func (h *lease) onTimer() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.busy || h.gone || h.watching {
+	if h.busy || h.gone {
+		h.mu.Unlock()
 		return
 	}
-	h.watching, h.stopping = true, false
-	h.watched = make(chan struct{})
-	h.d.wg.Add(1)
-	go h.watch(h.watched)
+	left := time.Until(h.expiresAt())
+	if left <= 0 {
+		h.giveUpLocked()
+		return
+	}
+	if !h.watching {
+		h.watching, h.stopping = true, false
+		h.watched = make(chan struct{})
+		h.d.wg.Add(1)
+		go h.watch(h.watched)
+	}
+	h.timer.Reset(left)
+	h.mu.Unlock()
 }
 
 // watch reads the idle connection. The server sends nothing to an idle
@@ -147,18 +160,6 @@ func (h *lease) watch(watched chan struct{}) {
 	}
 }
 
-// onExpiry gives the connection up when the lock has expired on the server
-// for sure and no word of the session's end came, unless a statement runs
-// (which then decides).
-func (h *lease) onExpiry() {
-	h.mu.Lock()
-	if h.busy {
-		h.mu.Unlock()
-		return
-	}
-	h.giveUpLocked()
-}
-
 // giveUp ends the lease as lost: it signals the loss, stops the timers and
 // the watcher, and closes the connection (its session, and the lock, end)
 // before handing it back to the pool, which drops it. It does nothing the
@@ -167,7 +168,7 @@ func (h *lease) onExpiry() {
 //
 // Only the statement that holds the connection (busy), the driver's Close
 // (when the Locker runs none), or, while none runs, the watcher and the
-// expiry timer give a lease up.
+// timer give a lease up.
 func (h *lease) giveUp() {
 	h.mu.Lock()
 	h.giveUpLocked()
@@ -181,8 +182,7 @@ func (h *lease) giveUpLocked() {
 	}
 	h.gone = true
 	close(h.lost)
-	h.expiry.Stop()
-	h.watchAt.Stop()
+	h.timer.Stop()
 	watched := h.stopWatch()
 	h.mu.Unlock()
 	if watched != nil {
@@ -331,8 +331,7 @@ func (h *lease) Release(ctx context.Context) error {
 	}
 	h.mu.Lock()
 	h.busy, h.gone = false, true
-	h.expiry.Stop()
-	h.watchAt.Stop()
+	h.timer.Stop()
 	h.mu.Unlock()
 	h.c.Release()
 	h.d.untrack(h)

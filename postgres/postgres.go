@@ -98,6 +98,11 @@
 // waits; a statement_timeout set for the role or database ends long waits,
 // which Acquire then starts again at the back of the queue.
 //
+// Costs: an acquisition is one round trip (and, with fencing, one WAL
+// flush), a release one round trip, and the watchdog one round trip every
+// TTL/3; a lease, and a waiting Acquire, keep one connection, and a lease idle
+// for 50ms one goroutine reading it.
+//
 // Fencing tokens are pg_current_xact_id(), the 64-bit transaction id that the
 // acquiring statement takes after the grant. Transaction ids only grow, but a
 // crashed server hands out again those whose commit had not reached the disk,
@@ -189,9 +194,10 @@ const (
 	MinTTL = 100 * time.Millisecond
 	// MaxTTL is the longest: idle_session_timeout's limit (2^31-1 ms).
 	MaxTTL = math.MaxInt32 * time.Millisecond
-	// ExpirySlack is how long after a holder's ValidUntil the server may
-	// still hold its lock: one round trip, plus the server ending the
-	// session.
+	// ExpirySlack is how long past its TTL (counted, as ValidUntil is, from
+	// when the last statement was sent) the server may still hold a lock
+	// whose holder went silent: the statement's way to the server, plus the
+	// server ending the session.
 	ExpirySlack = 100 * time.Millisecond
 )
 
@@ -336,20 +342,26 @@ func millis(ttl time.Duration) (string, error) {
 	return strconv.FormatInt(int64((ttl+time.Millisecond-1)/time.Millisecond), 10), nil
 }
 
+// deadConnRetries is how many times TryAcquire replaces a pooled connection
+// that turns out dead.
+const deadConnRetries = 3
+
 // TryAcquire makes one pg_try_advisory_lock attempt (acquire.sql, one round
-// trip). A connection that turns out dead before the statement is answered
-// (the server restarted since the pool last used it) is replaced once.
+// trip). A pooled connection that turns out dead (the server restarted since
+// the pool last used it) is replaced, up to deadConnRetries times: its
+// session is gone, and with it anything the statement might have taken.
 func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
 	ms, err := millis(req.TTL)
 	if err != nil {
 		return nil, err
 	}
-	g, err := d.acquire(ctx, req, ms, false)
-	var ce *connError
-	if err != nil && ctx.Err() == nil && errors.As(err, &ce) {
-		g, err = d.acquire(ctx, req, ms, false)
+	for i := 0; ; i++ {
+		g, err := d.acquire(ctx, req, ms, false)
+		var ce *connError
+		if err == nil || i == deadConnRetries || ctx.Err() != nil || !errors.As(err, &ce) {
+			return g, err
+		}
 	}
-	return g, err
 }
 
 // Acquire waits in the server's lock queue (pg_advisory_lock). When its
