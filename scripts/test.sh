@@ -12,6 +12,14 @@ step() { printf '==> %s\n' "$*" >&2; }
 step "bash scripts/docker-setup.sh"
 bash scripts/docker-setup.sh
 
+# psql, for the postgres driver's operator-interoperability test.
+if ! command -v psql >/dev/null 2>&1; then
+  step "apt-get install postgresql-client (psql)"
+  if [ "$(id -u)" -eq 0 ]; then sudo_=""; else sudo_=sudo; fi
+  $sudo_ apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq postgresql-client >/dev/null
+fi
+
 step "gofmt -l ."
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
