@@ -369,7 +369,8 @@ func millis(ttl time.Duration) int64 {
 }
 
 // nodeCtx bounds one request to a node: the node timeout, and ctx unless
-// detached (a request whose outcome matters after the caller has left).
+// detached (a request whose outcome matters after the caller has left, or
+// whose connection should not be cut when the caller stops waiting).
 func nodeCtx(ctx context.Context, timeout time.Duration, detached bool) (context.Context, context.CancelFunc) {
 	if detached {
 		ctx = context.WithoutCancel(ctx)
@@ -627,17 +628,18 @@ func (d *driver) Close() error {
 	return errors.Join(errs...)
 }
 
-// fanout runs op on every node at once, each bounded by timeout (and by
-// ctx), and returns where the results arrive, one per node. The channel is
-// buffered: a caller that has decided may stop reading, and the requests
-// still running finish in the background.
+// fanout runs op on every node at once, each bounded by timeout, and
+// returns where the results arrive, one per node. The channel is buffered:
+// a caller that has decided, or whose ctx ended, may stop reading, and the
+// requests still running finish in the background. They are detached from
+// ctx: cancelling a request in flight would cost its connection.
 func fanout[T any](d *driver, ctx context.Context, timeout time.Duration, op func(ctx context.Context, i int, nd *node) (T, error)) <-chan nodeResult[T] {
 	results := make(chan nodeResult[T], len(d.nodes))
 	for i, nd := range d.nodes {
 		d.bg.Add(1)
 		go func() {
 			defer d.bg.Done()
-			nctx, cancel := nodeCtx(ctx, timeout, false)
+			nctx, cancel := nodeCtx(ctx, timeout, true)
 			defer cancel()
 			v, err := op(nctx, i, nd)
 			if err != nil {
@@ -685,7 +687,12 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 	var extended, notHeld int
 	var errs []error
 	for range n {
-		r := <-results
+		var r nodeResult[bool]
+		select {
+		case r = <-results:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("redlock: refreshing %q: %w", h.keys[0], ctx.Err())
+		}
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
@@ -807,7 +814,12 @@ func (h *handle) Held(ctx context.Context) (bool, error) {
 	var holds, not int
 	var errs []error
 	for range n {
-		r := <-results
+		var r nodeResult[bool]
+		select {
+		case r = <-results:
+		case <-ctx.Done():
+			return false, fmt.Errorf("redlock: reading %q: %w", h.keys[0], ctx.Err())
+		}
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
