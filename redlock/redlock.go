@@ -447,15 +447,28 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 		granted  []int // nodes that took the lock, until the fence is chosen
 		counters = make([]uint64, n)
 		ok, dead int
+		answered int // replies to the acquire script
 		busy     []acqReply
 		errs     []error
 	)
-	for ok < q && n-dead >= q {
+	for ok < q {
+		if n-dead < q {
+			// Lost. Say why: held by someone else if enough nodes say so,
+			// which those still to answer may yet do (a node that fails
+			// fast must not turn "held" into "no quorum").
+			need := n - q + 1
+			if len(busy) >= need || len(busy)+n-answered < need {
+				break
+			}
+		}
 		var r acqReply
 		select {
 		case r = <-replies:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("redlock: acquiring %q: %w", keys[0], ctx.Err())
+		}
+		if !r.fenced {
+			answered++
 		}
 		switch {
 		case r.err != nil:
