@@ -22,6 +22,11 @@
 //   - Everything go-redis's ParseURL accepts (dial_timeout, read_timeout,
 //     pool_size, …), applied to every node.
 //
+// An ACL user needs, on every node, the scripting commands, the keys ~P*
+// and, for notified waiting, the channels &P* (P the key prefix). Without
+// rights on the channels, locks still work: releases do not announce
+// themselves and waiters poll between RetryMin and RetryMax.
+//
 // Unknown parameters are rejected. Open pings every node, bounded by its ctx,
 // and fails unless a majority answers, so that a service starts with a
 // minority of nodes down; the Locker then owns the clients it made and
@@ -55,8 +60,8 @@
 // Failures:
 //
 //   - A minority of nodes down, paused or partitioned away: everything
-//     works; Release and Held wait for the missing nodes up to the node
-//     timeout.
+//     works. Acquire, Refresh and Held decide with the nodes that answer;
+//     Release waits for the missing nodes up to the node timeout.
 //   - A majority unreachable: TryAcquire fails with ErrNoQuorum (paused
 //     nodes after the node timeout, nodes that refuse connections sooner)
 //     and Acquire keeps
