@@ -715,3 +715,39 @@ func TestNewInvalid(t *testing.T) {
 		}
 	}
 }
+
+// Every call honours its ctx when the locker's paths to all nodes are
+// black-holed, even with a node timeout longer than the ctx.
+func TestBlackholedCallsEndWithCtx(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, 3, nil)
+	clients, ps := c.proxied(t)
+	l := newLocker(t, clients, &redlock.Options{NodeTimeout: 2 * time.Second})
+	ls, err := l.TryAcquire(ctx, "blackholed", &dlock.Options{TTL: 5 * time.Second, NoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.Blackhole()
+	for _, op := range []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"TryAcquire", func(ctx context.Context) error { _, err := l.TryAcquire(ctx, "blackholed-2", nil); return err }},
+		{"Acquire", func(ctx context.Context) error { _, err := l.Acquire(ctx, "blackholed-3", nil); return err }},
+		{"Held", func(ctx context.Context) error { _, err := ls.Held(ctx); return err }},
+		{"Refresh", func(ctx context.Context) error { return ls.Refresh(ctx, 0) }},
+		{"Release", func(ctx context.Context) error { return ls.Release(ctx) }},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		start := time.Now()
+		err := op.fn(cctx)
+		cancel()
+		if took := time.Since(start); err == nil || took > 700*time.Millisecond {
+			t.Errorf("%s while black-holed: %v after %v; want an error within the 200ms ctx", op.name, err, took)
+		}
+	}
+	ps.Heal()
+	if err := ls.Release(ctx); err != nil {
+		t.Errorf("Release after the heal: %v", err)
+	}
+}

@@ -22,6 +22,11 @@
 //   - Everything go-redis's ParseURL accepts (dial_timeout, read_timeout,
 //     pool_size, …), applied to every node.
 //
+// An ACL user needs, on every node, the scripting commands, the keys ~P*
+// and, for notified waiting, the channels &P* (P the key prefix). Without
+// rights on the channels, locks still work: releases do not announce
+// themselves and waiters poll between RetryMin and RetryMax.
+//
 // Unknown parameters are rejected. Open pings every node, bounded by its ctx,
 // and fails unless a majority answers, so that a service starts with a
 // minority of nodes down; the Locker then owns the clients it made and
@@ -55,8 +60,8 @@
 // Failures:
 //
 //   - A minority of nodes down, paused or partitioned away: everything
-//     works; Release and Held wait for the missing nodes up to the node
-//     timeout.
+//     works. Acquire, Refresh and Held decide with the nodes that answer;
+//     Release waits for the missing nodes up to the node timeout.
 //   - A majority unreachable: TryAcquire fails with ErrNoQuorum (paused
 //     nodes after the node timeout, nodes that refuse connections sooner)
 //     and Acquire keeps
@@ -369,7 +374,8 @@ func millis(ttl time.Duration) int64 {
 }
 
 // nodeCtx bounds one request to a node: the node timeout, and ctx unless
-// detached (a request whose outcome matters after the caller has left).
+// detached (a request whose outcome matters after the caller has left, or
+// whose connection should not be cut when the caller stops waiting).
 func nodeCtx(ctx context.Context, timeout time.Duration, detached bool) (context.Context, context.CancelFunc) {
 	if detached {
 		ctx = context.WithoutCancel(ctx)
@@ -446,15 +452,28 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 		granted  []int // nodes that took the lock, until the fence is chosen
 		counters = make([]uint64, n)
 		ok, dead int
+		answered int // replies to the acquire script
 		busy     []acqReply
 		errs     []error
 	)
-	for ok < q && n-dead >= q {
+	for ok < q {
+		if n-dead < q {
+			// Lost. Say why: held by someone else if enough nodes say so,
+			// which those still to answer may yet do (a node that fails
+			// fast must not turn "held" into "no quorum").
+			need := n - q + 1
+			if len(busy) >= need || len(busy)+n-answered < need {
+				break
+			}
+		}
 		var r acqReply
 		select {
 		case r = <-replies:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("redlock: acquiring %q: %w", keys[0], ctx.Err())
+		}
+		if !r.fenced {
+			answered++
 		}
 		switch {
 		case r.err != nil:
@@ -627,17 +646,18 @@ func (d *driver) Close() error {
 	return errors.Join(errs...)
 }
 
-// fanout runs op on every node at once, each bounded by timeout (and by
-// ctx), and returns where the results arrive, one per node. The channel is
-// buffered: a caller that has decided may stop reading, and the requests
-// still running finish in the background.
+// fanout runs op on every node at once, each bounded by timeout, and
+// returns where the results arrive, one per node. The channel is buffered:
+// a caller that has decided, or whose ctx ended, may stop reading, and the
+// requests still running finish in the background. They are detached from
+// ctx: cancelling a request in flight would cost its connection.
 func fanout[T any](d *driver, ctx context.Context, timeout time.Duration, op func(ctx context.Context, i int, nd *node) (T, error)) <-chan nodeResult[T] {
 	results := make(chan nodeResult[T], len(d.nodes))
 	for i, nd := range d.nodes {
 		d.bg.Add(1)
 		go func() {
 			defer d.bg.Done()
-			nctx, cancel := nodeCtx(ctx, timeout, false)
+			nctx, cancel := nodeCtx(ctx, timeout, true)
 			defer cancel()
 			v, err := op(nctx, i, nd)
 			if err != nil {
@@ -685,7 +705,12 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 	var extended, notHeld int
 	var errs []error
 	for range n {
-		r := <-results
+		var r nodeResult[bool]
+		select {
+		case r = <-results:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("redlock: refreshing %q: %w", h.keys[0], ctx.Err())
+		}
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
@@ -807,7 +832,12 @@ func (h *handle) Held(ctx context.Context) (bool, error) {
 	var holds, not int
 	var errs []error
 	for range n {
-		r := <-results
+		var r nodeResult[bool]
+		select {
+		case r = <-results:
+		case <-ctx.Done():
+			return false, fmt.Errorf("redlock: reading %q: %w", h.keys[0], ctx.Err())
+		}
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)

@@ -223,11 +223,16 @@ func TestOpen(t *testing.T) {
 	if ls.TTL() != 3*time.Second {
 		t.Errorf("TTL %v; want 3s from the URL", ls.TTL())
 	}
-	for i, r := range c.raws {
-		if ttl, err := r.PTTL(ctx, "app:{open}").Result(); err != nil || ttl <= 2*time.Second {
-			t.Errorf("node %d: PTTL app:{open} = %v, %v; want about 3s", i, ttl, err)
+	// A majority decides: the last node may take the lock a moment after
+	// TryAcquire returned.
+	eventually(t, time.Second, "the lock on every node with about 3s left", func() bool {
+		for _, r := range c.raws {
+			if ttl, err := r.PTTL(ctx, "app:{open}").Result(); err != nil || ttl <= 2*time.Second || ttl > 3*time.Second {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	if err := ls.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
