@@ -56,7 +56,7 @@ the two taking turns in the same run (-rounds). Backends: %s.
 Servers are started in Docker on 127.0.0.1 and removed afterwards, unless
 -url names one (or DLOCK_<KIND>_ADDR does; see internal/servers). On a
 server given by -url, the bench takes locks named dlock-bench:<run>:…; the
-redis driver's fencing counters for those names stay behind.
+redis and redlock drivers' fencing counters for those names stay behind.
 
 Scenarios:
   uncontended  one worker: acquire + release, -n times: p50, p99, ops/s
