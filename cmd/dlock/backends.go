@@ -8,6 +8,7 @@ import (
 	"github.com/dlock/dlock/internal/servers"
 
 	// The drivers the bench can open by URL.
+	_ "github.com/dlock/dlock/etcd"
 	_ "github.com/dlock/dlock/memory"
 	_ "github.com/dlock/dlock/redis"
 )
@@ -42,6 +43,14 @@ var backends = []backend{
 			return (&url.URL{Scheme: "redis", Host: addrs[0], Path: "/0"}).String()
 		},
 		floor: bench.RedisFloors,
+	},
+	{
+		name:    "etcd",
+		servers: []servers.Kind{servers.Etcd},
+		url: func(addrs []string) string {
+			return (&url.URL{Scheme: "etcd", Host: addrs[0]}).String()
+		},
+		floor: bench.EtcdFloors,
 	},
 }
 
