@@ -110,10 +110,13 @@ func floorCycle(b *testing.B, addr, prefix, name string) cycle {
 		seq++
 		token := "floor-" + strconv.Itoa(seq)
 		ok, err := f.TryLock(ctx, name, token, dlock.DefaultTTL)
+		rctx, cancel := releaseCtx(ctx)
+		defer cancel()
 		if err != nil || !ok {
+			_ = f.Unlock(rctx, name, token) // the put may have happened
 			return fmt.Errorf("floor TryLock: %v, %v", ok, err)
 		}
-		return f.Unlock(ctx, name, token)
+		return f.Unlock(rctx, name, token)
 	}
 }
 
