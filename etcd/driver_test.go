@@ -361,3 +361,43 @@ func TestParseURL(t *testing.T) {
 		t.Errorf("etcds: TLS %+v, endpoints %v", cfg.TLS, cfg.Endpoints)
 	}
 }
+
+// A lease survives a restart of the server shorter than its TTL: same key,
+// same fence, nobody else granted, the watchdog carries on.
+func TestSurvivesRestart(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.RequireNewWith(t, servers.Etcd, &servers.StartOptions{Env: fastElection})
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	b := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	const ttl = 5 * time.Second
+	ls, err := a.Acquire(ctx, "restart", &dlock.Options{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence, _ := ls.Fence()
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Through a few refreshes after the restart.
+	for end := time.Now().Add(ttl); time.Now().Before(end); time.Sleep(ttl / 10) {
+		if _, err := b.TryAcquire(ctx, "restart", nil); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("contender after the restart: got %v, want ErrNotAcquired", err)
+		}
+	}
+	select {
+	case <-ls.Done():
+		t.Fatalf("lease lost across the restart: %v", ls.Err())
+	default:
+	}
+	if ok, err := ls.Held(ctx); !ok || err != nil {
+		t.Fatalf("Held after the restart = %v, %v", ok, err)
+	}
+	if createRevision(t, ctx, raw, prefix+"restart/"+ls.Token()) != int64(fence) {
+		t.Fatal("the key was re-created")
+	}
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -7,10 +7,13 @@
 //	etcd://[user:pass@]host1:2379[,host2:2379,…][/prefix][?params]
 //	etcds://[user:pass@]host1:2379[,…][/prefix]?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem
 //
-// The hosts are the client endpoints (port 2379 when left out); etcds dials
+// The hosts are the client endpoints (port 2379 when left out; an IPv6
+// address in brackets only as the single host, as URLs allow); etcds dials
 // them with TLS. The path, when there is one, is the key prefix, verbatim
 // (etcd://h:2379/locks/ gives "/locks/"); without one it is "dlock/".
-// User and password turn on etcd authentication.
+// User and password turn on etcd authentication. ParseURL gives the client
+// configuration a URL stands for, for a client or a concurrency.Session of
+// one's own.
 //
 // Parameters:
 //
@@ -45,7 +48,12 @@
 // lease is valid (until its ValidUntil) nobody else holds its name.
 //
 // Each lease is a key bound to an etcd lease of its own (never shared with
-// another lock, so an etcd lease's expiry is exactly one lock's loss). The
+// another lock, so an etcd lease's expiry is exactly one lock's loss; and,
+// unlike concurrency.Mutex on one session, two leases of one Locker on one
+// name exclude each other). A released lease's etcd lease is kept by the
+// Locker (up to 16 per TTL) for its next acquisitions, so that an
+// uncontended acquire and a release cost one transaction each; Close
+// revokes them. The
 // etcd lease's TTL is in whole seconds: a TTL is rounded up, and etcd raises
 // TTLs below its minimum (1.5 × the election timeout, rounded up: 2s with
 // the default configuration). The TTL granted is read back and reported by
@@ -53,11 +61,12 @@
 // lease's expiry was sent (its grant or last keepalive), minus the drift
 // margin. Capabilities.MinTTL is 1s.
 //
-// The watchdog renews the etcd lease (KeepAliveOnce) and checks in the same
-// round trip that the key still exists with this lease's create revision and
-// etcd lease; a keepalive that finds the etcd lease gone, or a key deleted or
-// replaced, reports the loss at once; a refresh that keeps failing reports
-// it at ValidUntil. Release and Refresh are transactions comparing the key's
+// The watchdog renews the etcd lease (KeepAliveOnce) and, in parallel, reads
+// the key to check that it still exists with this lease's create revision
+// and etcd lease: a refresh that finds the etcd lease gone, or the key
+// deleted or replaced, reports the loss at once (within a third of the TTL
+// of the deletion, with the default refresh interval); one that keeps
+// failing reports it at ValidUntil. Release and Refresh are transactions comparing the key's
 // create revision, so a retried release can never delete a newer holder's
 // key, and a lost lock is never re-created: Release of a lost lease reports
 // ErrNotHeld. A Refresh to a longer TTL moves the key to a new etcd lease in
@@ -82,10 +91,20 @@
 //
 // Expiry: etcd revokes expired etcd leases in a loop that runs every 500ms,
 // so the key of a holder that died lingers up to about half a second past
-// its ValidUntil (Capabilities.ExpirySlack is 1s). A new leader extends
-// every etcd lease by its TTL when it takes over, so after a leader change a
-// dead holder's lock may last up to one more TTL. Neither delays the loss
-// signal of a holder that is alive, which comes no later than ValidUntil.
+// its ValidUntil (Capabilities.ExpirySlack is 1s). A new leader restarts
+// every etcd lease's countdown at its full TTL (plus an election timeout)
+// when it takes over, so after a leader change a dead holder's lock may last
+// up to one more TTL. Neither delays the loss signal of a holder that is
+// alive, which comes no later than ValidUntil.
+//
+// Faults: a leader failover while a lease is held keeps it (same key, same
+// fence) as long as a keepalive gets through before ValidUntil, which a
+// failover well within the TTL allows. A holder cut off from the quorum
+// (partitioned, or the quorum lost) cannot renew and reports the loss at
+// ValidUntil; while there is no quorum nobody can be granted anything. The
+// etcd lease is as safe as etcd's lessor: a leader stalled for longer than
+// the TTL (a slow disk) may revoke leases whose keepalives it did not get
+// to (etcd issue 15247).
 //
 // Process pauses: a holder paused past its ValidUntil may resume believing it
 // holds a lock that expired and was taken; pass Lease.Fence to the protected

@@ -1,20 +1,6 @@
 package etcd
 
-import (
-	"net/url"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-)
-
-// ParseURL exposes parseURL to the tests: the client configuration and
-// driver options a URL yields, without any I/O.
-func ParseURL(raw string) (*clientv3.Config, *Options, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, nil, err
-	}
-	return parseURL(u)
-}
+import clientv3 "go.etcd.io/etcd/client/v3"
 
 // SetHooks installs test hooks (nil: none) and returns a function restoring
 // the previous ones. Tests using it must not run in parallel.

@@ -79,9 +79,25 @@ func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
 	return l, nil
 }
 
-// parseURL turns an etcd:// or etcds:// URL into a client configuration and
-// the driver's options, without any I/O except reading TLS files. Every
-// error matches dlock.ErrInvalid and leaves the URL's password out.
+// ParseURL returns the client configuration and the driver options that an
+// etcd:// or etcds:// URL stands for (see the package doc), without any I/O
+// except reading the TLS files it names: for example to make a client of
+// one's own, or a concurrency.Session, from the same URL. The configuration
+// has a logger that discards everything. Every error matches
+// dlock.ErrInvalid and leaves the URL's password out.
+func ParseURL(rawURL string) (*clientv3.Config, *Options, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error quotes the whole URL
+		}
+		return nil, nil, invalid("malformed URL: %v", err)
+	}
+	return parseURL(u)
+}
+
+// parseURL is ParseURL of a parsed URL.
 func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	if u.Scheme != "etcd" && u.Scheme != "etcds" {
 		return nil, nil, invalid("scheme %q is not etcd or etcds", u.Scheme)

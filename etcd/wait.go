@@ -54,8 +54,9 @@ type waiter struct {
 	seen        int64
 }
 
-// Acquire puts the waiter's key and reads its predecessor in one
-// transaction, then waits for its predecessors to go (see the package doc).
+// Acquire puts the waiter's key and, when the name is taken, reads its
+// predecessor in the same transaction, then waits for its predecessors to
+// go (see the package doc).
 func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
 	k := d.keys(req.Name, req.Token)
 	keysOnly := clientv3.WithKeysOnly()
@@ -69,13 +70,18 @@ func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, 
 		if err != nil {
 			return nil, d.waitError(ctx, k, fmt.Errorf("granting a lease: %w", err))
 		}
-		resp, err = d.c.Txn(ctx).Then(
-			clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id)),
-			// The newest two: ours and our predecessor.
-			clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
-				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
-			clientv3.OpGet(k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
-		).Commit()
+		put := clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))
+		resp, err = d.c.Txn(ctx).
+			// Free: just put, as TryAcquire does.
+			If(clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix()).
+			Then(put).
+			// Taken: queue up, and read the newest two (ours and our
+			// predecessor) and the first.
+			Else(put,
+				clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
+					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
+				clientv3.OpGet(k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
+			).Commit()
 		if err == nil {
 			break
 		}
@@ -89,6 +95,9 @@ func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, 
 		return nil, d.waitError(ctx, k, err)
 	}
 	w := &waiter{d: d, k: k, rev: resp.Header.Revision, l: l, value: req.Metadata, seen: resp.Header.Revision}
+	if resp.Succeeded {
+		return w.grant(), nil
+	}
 	first := resp.Responses[2].GetResponseRange().GetKvs()
 	if len(first) > 0 && first[0].CreateRevision == w.rev {
 		return w.grant(), nil

@@ -9,6 +9,7 @@ import (
 	"github.com/dlock/dlock/internal/servers"
 
 	// The drivers the bench can open by URL.
+	_ "github.com/dlock/dlock/etcd"
 	_ "github.com/dlock/dlock/memory"
 	_ "github.com/dlock/dlock/postgres"
 	_ "github.com/dlock/dlock/redis"
@@ -54,6 +55,14 @@ var backends = []backend{
 			return (&url.URL{Scheme: "redlock", Host: strings.Join(addrs, ","), Path: "/0"}).String()
 		},
 		floor: bench.RedlockFloors,
+	},
+	{
+		name:    "etcd",
+		servers: []servers.Kind{servers.Etcd},
+		url: func(addrs []string) string {
+			return (&url.URL{Scheme: "etcd", Host: addrs[0]}).String()
+		},
+		floor: bench.EtcdFloors,
 	},
 	{
 		name:    "zookeeper",

@@ -1,0 +1,356 @@
+package etcd_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/etcd"
+	"github.com/dlock/dlock/internal/bench"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// The benchmarks measure the figures in one run, on the test
+// server:
+//
+//   - BenchmarkRatio: TryAcquire + Release through dlock against the raw
+//     floor (a create-if-absent transaction with a lease, then a
+//     compare-and-delete), interleaved so that both meet the same load;
+//     p50-ratio is dlock over the floor.
+//   - BenchmarkHandoff: the time from a holder's release to its waiter's
+//     grant, against the same client's uncontended acquire + release, for
+//     dlock and for concurrency.Mutex (handoff-over-unc).
+//   - BenchmarkContended: 8 workers, each with its own client, taking one
+//     name in turns, dlock and concurrency.Mutex alternating in rounds;
+//     ops-ratio is dlock's ops/s over the Mutex's.
+//
+//	go test -run '^$' -bench . ./etcd/
+//
+// BenchmarkHandoff and BenchmarkContended do a fixed amount of work per
+// iteration and run once at the default -benchtime; do not pass an
+// iteration count (-benchtime Nx) to them.
+
+// latencies records one duration per iteration and reports percentiles.
+type latencies []time.Duration
+
+func (l latencies) p(q int) time.Duration {
+	s := slices.Clone(l)
+	slices.Sort(s)
+	return s[(len(s)-1)*q/100]
+}
+
+func (l latencies) report(b *testing.B, prefix string) {
+	if len(l) == 0 {
+		return
+	}
+	b.ReportMetric(float64(l.p(50).Nanoseconds()), prefix+"p50-ns")
+	b.ReportMetric(float64(l.p(99).Nanoseconds()), prefix+"p99-ns")
+}
+
+// benchLocker returns a Locker on a client of its own.
+func benchLocker(b *testing.B, addr, prefix string) dlock.Locker {
+	l := newLocker(b, newClient(b, addr), &etcd.Options{KeyPrefix: prefix})
+	return l
+}
+
+// benchPrefix returns a key prefix for one benchmark, emptied at cleanup.
+func benchPrefix(b *testing.B, raw *clientv3.Client) string {
+	p := "dlockbench/" + randomHex(4) + "/"
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = raw.Delete(ctx, p, clientv3.WithPrefix())
+	})
+	return p
+}
+
+// cycle is one acquire + release; ctx bounds the acquire only.
+type cycle func(ctx context.Context) error
+
+// releaseCtx bounds a release made after the acquire's ctx may have ended.
+func releaseCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+}
+
+func dlockCycle(l dlock.Locker, name string, try bool) cycle {
+	return func(ctx context.Context) error {
+		acquire := l.Acquire
+		if try {
+			acquire = l.TryAcquire
+		}
+		ls, err := acquire(ctx, name, nil)
+		if err != nil {
+			return err
+		}
+		rctx, cancel := releaseCtx(ctx)
+		defer cancel()
+		return ls.Release(rctx)
+	}
+}
+
+func floorCycle(b *testing.B, addr, prefix, name string) cycle {
+	open, err := bench.EtcdFloors(&url.URL{Scheme: "etcd", Host: addr, Path: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	f, err := open(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = f.Close() })
+	var seq int
+	return func(ctx context.Context) error {
+		seq++
+		token := "floor-" + strconv.Itoa(seq)
+		ok, err := f.TryLock(ctx, name, token, dlock.DefaultTTL)
+		rctx, cancel := releaseCtx(ctx)
+		defer cancel()
+		if err != nil || !ok {
+			_ = f.Unlock(rctx, name, token) // the put may have happened
+			return fmt.Errorf("floor TryLock: %v, %v", ok, err)
+		}
+		return f.Unlock(rctx, name, token)
+	}
+}
+
+func mutexCycle(m *concurrency.Mutex) cycle {
+	return func(ctx context.Context) error {
+		if err := m.Lock(ctx); err != nil {
+			return err
+		}
+		rctx, cancel := releaseCtx(ctx)
+		defer cancel()
+		return m.Unlock(rctx)
+	}
+}
+
+// time runs c n times (after a warm-up) and returns each duration.
+func timeCycles(b *testing.B, c cycle, n int) latencies {
+	ctx := context.Background()
+	for range 20 {
+		if err := c(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	lat := make(latencies, 0, n)
+	for range n {
+		start := time.Now()
+		if err := c(ctx); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	return lat
+}
+
+// BenchmarkAcquireRelease times one uncontended cycle through dlock
+// (TryAcquire or Acquire, then Release, with the watchdog on), through the
+// raw floor, and through concurrency.Mutex.
+func BenchmarkAcquireRelease(b *testing.B) {
+	srv, _ := etcdServer(b)
+	raw := newClient(b, srv.Addr())
+	for _, bc := range []struct {
+		name string
+		c    func(prefix string) cycle
+	}{
+		{"dlock-try", func(p string) cycle { return dlockCycle(benchLocker(b, srv.Addr(), p), "n", true) }},
+		{"dlock-acquire", func(p string) cycle { return dlockCycle(benchLocker(b, srv.Addr(), p), "n", false) }},
+		{"floor", func(p string) cycle { return floorCycle(b, srv.Addr(), p, "n") }},
+		{"mutex", func(p string) cycle { return mutexCycle(concurrency.NewMutex(benchSession(b, srv.Addr()), p+"n")) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := bc.c(benchPrefix(b, raw))
+			b.ResetTimer()
+			lat := timeCycles(b, c, b.N)
+			b.StopTimer()
+			lat.report(b, "")
+		})
+	}
+}
+
+func benchSession(b *testing.B, addr string) *concurrency.Session {
+	s, err := concurrency.NewSession(newClient(b, addr), concurrency.WithTTL(int(dlock.DefaultTTL/time.Second)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// BenchmarkRatio alternates a dlock cycle (TryAcquire + Release) and a
+// floor cycle, and reports both p50s and their ratio (dlock/floor).
+func BenchmarkRatio(b *testing.B) {
+	srv, _ := etcdServer(b)
+	raw := newClient(b, srv.Addr())
+	prefix := benchPrefix(b, raw)
+	cycles := []cycle{dlockCycle(benchLocker(b, srv.Addr(), prefix), "ratio", true), floorCycle(b, srv.Addr(), prefix, "floor")}
+	ctx := context.Background()
+	for _, c := range cycles {
+		timeCycles(b, c, 20)
+	}
+	lat := [2]latencies{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j, c := range cycles {
+			start := time.Now()
+			if err := c(ctx); err != nil {
+				b.Fatal(err)
+			}
+			lat[j] = append(lat[j], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	d, f := lat[0].p(50), lat[1].p(50)
+	b.ReportMetric(float64(d.Nanoseconds()), "dlock-p50-ns")
+	b.ReportMetric(float64(f.Nanoseconds()), "floor-p50-ns")
+	b.ReportMetric(float64(d)/float64(f), "p50-ratio")
+}
+
+// handoffs times n handoffs: hold, let the waiter block for settle, release
+// at t0; the waiter's acquire returns at t1. hold and wait take the lock,
+// and return its release.
+func handoffs(b *testing.B, n int, settle time.Duration, hold, wait func(ctx context.Context) (func(context.Context) error, error)) latencies {
+	ctx := context.Background()
+	lat := make(latencies, 0, n)
+	for range n {
+		release, err := hold(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		type granted struct {
+			release func(context.Context) error
+			at      time.Time
+			err     error
+		}
+		got := make(chan granted, 1)
+		go func() {
+			r, err := wait(ctx)
+			got <- granted{r, time.Now(), err}
+		}()
+		time.Sleep(settle)
+		t0 := time.Now()
+		if err := release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		g := <-got
+		if g.err != nil {
+			b.Fatal(g.err)
+		}
+		lat = append(lat, g.at.Sub(t0))
+		if err := g.release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return lat
+}
+
+func dlockHold(l dlock.Locker, name string) func(context.Context) (func(context.Context) error, error) {
+	return func(ctx context.Context) (func(context.Context) error, error) {
+		ls, err := l.Acquire(ctx, name, nil)
+		if err != nil {
+			return nil, err
+		}
+		return ls.Release, nil
+	}
+}
+
+func mutexHold(m *concurrency.Mutex) func(context.Context) (func(context.Context) error, error) {
+	return func(ctx context.Context) (func(context.Context) error, error) {
+		if err := m.Lock(ctx); err != nil {
+			return nil, err
+		}
+		return m.Unlock, nil
+	}
+}
+
+// BenchmarkHandoff reports, for dlock and for concurrency.Mutex, the
+// handoff p50 and p99 (100 handoffs, settle 20ms as in dlock bench), the
+// uncontended cycle p50 of the same clients, and handoff p50 over
+// uncontended p50.
+func BenchmarkHandoff(b *testing.B) {
+	srv, _ := etcdServer(b)
+	raw := newClient(b, srv.Addr())
+	const n, settle = 100, 20 * time.Millisecond
+	for i := 0; i < b.N; i++ {
+		prefix := benchPrefix(b, raw)
+		dh, dw := benchLocker(b, srv.Addr(), prefix), benchLocker(b, srv.Addr(), prefix)
+		mh := concurrency.NewMutex(benchSession(b, srv.Addr()), prefix+"mutex")
+		mw := concurrency.NewMutex(benchSession(b, srv.Addr()), prefix+"mutex")
+		dUnc := timeCycles(b, dlockCycle(dh, "dlock", false), n)
+		mUnc := timeCycles(b, mutexCycle(mh), n)
+		dHand := handoffs(b, n, settle, dlockHold(dh, "dlock"), dlockHold(dw, "dlock"))
+		mHand := handoffs(b, n, settle, mutexHold(mh), mutexHold(mw))
+		dHand.report(b, "dlock-handoff-")
+		mHand.report(b, "mutex-handoff-")
+		b.ReportMetric(float64(dUnc.p(50).Nanoseconds()), "dlock-unc-p50-ns")
+		b.ReportMetric(float64(mUnc.p(50).Nanoseconds()), "mutex-unc-p50-ns")
+		b.ReportMetric(float64(dHand.p(50))/float64(dUnc.p(50)), "dlock-handoff-over-unc")
+		b.ReportMetric(float64(mHand.p(50))/float64(mUnc.p(50)), "mutex-handoff-over-unc")
+	}
+}
+
+// contended runs one worker per cycle (each a lock + unlock on the shared
+// name) for d and returns the cycles completed per second.
+func contended(b *testing.B, workers []cycle, d time.Duration) float64 {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		total int
+	)
+	start := time.Now()
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 0
+			for ctx.Err() == nil {
+				if err := w(ctx); err != nil {
+					if ctx.Err() == nil {
+						b.Error(err)
+					}
+					break
+				}
+				n++
+			}
+			mu.Lock()
+			total += n
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return float64(total) / time.Since(start).Seconds()
+}
+
+// BenchmarkContended reports the ops/s of 8 workers, each with its own
+// client, on one name: through dlock and through concurrency.Mutex, in
+// alternating 2s rounds (3 each), and their ratio.
+func BenchmarkContended(b *testing.B) {
+	srv, _ := etcdServer(b)
+	raw := newClient(b, srv.Addr())
+	const workers, rounds, d = 8, 3, 2 * time.Second
+	for i := 0; i < b.N; i++ {
+		prefix := benchPrefix(b, raw)
+		var dl, mu []cycle
+		for range workers {
+			dl = append(dl, dlockCycle(benchLocker(b, srv.Addr(), prefix), "dlock", false))
+			mu = append(mu, mutexCycle(concurrency.NewMutex(benchSession(b, srv.Addr()), prefix+"mutex")))
+		}
+		var dOps, mOps float64
+		for range rounds {
+			dOps += contended(b, dl, d) / rounds
+			mOps += contended(b, mu, d) / rounds
+		}
+		b.ReportMetric(dOps, "dlock-ops/s")
+		b.ReportMetric(mOps, "mutex-ops/s")
+		b.ReportMetric(dOps/mOps, "ops-ratio")
+	}
+}
