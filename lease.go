@@ -324,13 +324,16 @@ func (ls *Lease) end(err error) {
 		return
 	}
 	ls.err = err
+	// The context before Done: whoever wakes on Done finds it cancelled.
+	// (Cancelling runs no callback here: context.AfterFunc functions get
+	// goroutines of their own.)
+	ls.cancel(err)
 	close(ls.done)
 	ls.deadline.Stop()
 	if ls.tick != nil {
 		ls.tick.Stop()
 	}
 	ls.mu.Unlock()
-	ls.cancel(err)
 	ls.cancelRefresh()
 	ls.l.forget(ls)
 }
