@@ -131,6 +131,11 @@
 // are told apart from dlock's by length. Nothing else is stored, and nothing
 // stays behind once a name's locks and waiters are gone (the fencing token
 // needs no counter: revisions only grow).
+//
+// Deleting these keys by hand breaks the lock like deleting any lock's
+// state: a holder whose key is deleted learns it at its next refresh and
+// reports the loss; so does a waiter granted after its key was deleted
+// while it waited (a waiter watches its predecessor's key, not its own).
 package etcd
 
 import (

@@ -167,41 +167,56 @@ func (w *waiter) wait(ctx context.Context) (*dlock.Grant, error) {
 	}()
 
 	backoff := retryMin
-	for {
-		deleted, err := w.watch(ctx, gone)
-		if err == nil && deleted && w.predIsFirst && time.Now().Before(w.l.validUntil()) {
-			// The holder's key is gone and none older than ours can appear:
-			// ours is first, and alive.
-			return w.grant(), nil
-		}
-		if err == nil {
-			var first bool
-			first, err = w.query(ctx)
-			if err == nil && first {
-				if g, err := w.confirm(ctx); err == nil || ctx.Err() != nil || errors.Is(err, errWaiterExpired) {
-					return g, err
-				}
-			}
-			if err == nil {
-				backoff = retryMin
-				continue
-			}
-		}
+	// pause waits out a backend error (a lost leader, a broken connection)
+	// before the next read, unless ctx ends or the etcd lease is found gone.
+	pause := func(err error) error {
 		if ctx.Err() != nil || errors.Is(err, errWaiterExpired) {
-			return nil, err
+			return err
 		}
-		// A backend error: try again until ctx ends.
 		t := time.NewTimer(backoff + rand.N(backoff/4+1))
+		defer t.Stop()
+		backoff = min(2*backoff, retryMax)
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
+			return ctx.Err()
 		case err := <-gone:
-			t.Stop()
-			return nil, err
+			return err
 		case <-t.C:
+			return nil
 		}
-		backoff = min(2*backoff, retryMax)
+	}
+	watch := true // false: read the queue again first
+	for {
+		if watch {
+			deleted, err := w.watch(ctx, gone)
+			if err != nil {
+				if err := pause(err); err != nil {
+					return nil, err
+				}
+				watch = false
+				continue
+			}
+			if deleted && w.predIsFirst && time.Now().Before(w.l.validUntil()) {
+				// The holder's key is gone and none older than ours can
+				// appear: ours is first, and alive.
+				return w.grant(), nil
+			}
+		}
+		first, err := w.query(ctx)
+		if err == nil && !first {
+			backoff, watch = retryMin, true
+			continue
+		}
+		if err == nil {
+			var g *dlock.Grant
+			if g, err = w.confirm(ctx); err == nil {
+				return g, nil
+			}
+		}
+		if err := pause(err); err != nil {
+			return nil, err
+		}
+		watch = false
 	}
 }
 
