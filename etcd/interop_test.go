@@ -14,7 +14,7 @@ import (
 
 // The interoperability tests use concurrency.Mutex, which is also what
 // `etcdctl lock <name>` runs (a session with the default 60s TTL and
-// NewMutex(session, name)); the test image has no etcdctl binary.
+// NewMutex(session, name)); etcdctl_test.go runs the etcdctl binary itself.
 
 // newSession returns a concurrency session on its own client, closed at
 // cleanup.

@@ -12,12 +12,16 @@ step() { printf '==> %s\n' "$*" >&2; }
 step "bash scripts/docker-setup.sh"
 bash scripts/docker-setup.sh
 
-# psql, for the postgres driver's operator-interoperability test.
-if ! command -v psql >/dev/null 2>&1; then
-  step "apt-get install postgresql-client (psql)"
+# The operators' tools the interoperability tests run: psql (postgres) and
+# etcdctl (etcd), from Debian.
+missing=()
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+if [ ${#missing[@]} -gt 0 ]; then
+  step "apt-get install ${missing[*]}"
   if [ "$(id -u)" -eq 0 ]; then sudo_=""; else sudo_=sudo; fi
   $sudo_ apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq postgresql-client >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 step "gofmt -l ."
