@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/urlparams"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -67,14 +68,14 @@ func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
 	client, err := clientv3.New(*cfg) // authenticates, bounded by DialTimeout
 	if err != nil {
 		_ = l.Close(context.Background())
-		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), redact(err, u))
+		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), urlparams.Redact(err, u))
 	}
 	d.c = client
 	// One read under the prefix: the address, the credentials and the
 	// permission are checked here rather than at the first lock.
 	if _, err := client.Get(ctx, opts.KeyPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1)); err != nil {
 		_ = l.Close(context.Background()) // closes the client
-		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), redact(err, u))
+		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), urlparams.Redact(err, u))
 	}
 	return l, nil
 }
@@ -107,7 +108,7 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", redactText(err.Error(), u))
+		return nil, nil, invalid("malformed query: %v", urlparams.RedactText(err.Error(), u))
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
@@ -151,40 +152,40 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 		}
 	}
 
-	p := params{q: q}
+	p := urlparams.Params{Q: q, Driver: "etcd"}
 	for key, dst := range map[string]*time.Duration{
 		paramDialTimeout: &cfg.DialTimeout,
 		paramKeepAlive:   &cfg.DialKeepAliveTime,
 		paramKeepAliveTO: &cfg.DialKeepAliveTimeout,
 		paramAutoSync:    &cfg.AutoSyncInterval,
 	} {
-		if v, ok := p.take(key); ok {
+		if v, ok := p.Take(key); ok {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {
-				p.fail(invalid("URL parameter %s=%q is not a positive duration", key, v))
+				p.Fail(invalid("URL parameter %s=%q is not a positive duration", key, v))
 			}
 			*dst = d
 		}
 	}
-	ca, _ := p.take(paramTLSCA)
-	cert, _ := p.take(paramTLSCert)
-	key, _ := p.take(paramTLSKey)
-	server, _ := p.take(paramTLSServer)
+	ca, _ := p.Take(paramTLSCA)
+	cert, _ := p.Take(paramTLSCert)
+	key, _ := p.Take(paramTLSKey)
+	server, _ := p.Take(paramTLSServer)
 	skip := false
-	if v, ok := p.take(paramTLSSkip); ok {
+	if v, ok := p.Take(paramTLSSkip); ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			p.fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
+			p.Fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
 		}
 		skip = b
 	}
-	if p.err != nil {
-		return nil, nil, p.err
+	if p.Err != nil {
+		return nil, nil, p.Err
 	}
 	if err := dlock.RejectUnknown(q); err != nil {
 		return nil, nil, err
 	}
-	if !secure && p.tls {
+	if !secure && p.TLS {
 		return nil, nil, invalid("TLS parameters need an etcds:// URL")
 	}
 	if (cert == "") != (key == "") {
@@ -238,64 +239,6 @@ func (c serverNameCreds) Clone() grpccreds.TransportCredentials {
 	return serverNameCreds{c.TransportCredentials.Clone(), c.name}
 }
 
-// params takes single-valued parameters out of a query.
-type params struct {
-	q   url.Values
-	err error
-	tls bool // a tls_ parameter was given
-}
-
-func (p *params) take(key string) (string, bool) {
-	vals, ok := p.q[key]
-	if !ok {
-		return "", false
-	}
-	delete(p.q, key)
-	if strings.HasPrefix(key, "tls_") {
-		p.tls = true
-	}
-	if len(vals) != 1 {
-		p.fail(invalid("URL parameter %q given %d times", key, len(vals)))
-		return "", false
-	}
-	return vals[0], true
-}
-
-func (p *params) fail(err error) {
-	if p.err == nil {
-		p.err = err
-	}
-}
-
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: etcd: %s", dlock.ErrInvalid, fmt.Sprintf(format, args...))
-}
-
-// redactText replaces u's password, in every spelling it may take, with
-// "xxxxx".
-func redactText(s string, u *url.URL) string {
-	if u == nil || u.User == nil {
-		return s
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" {
-		return s
-	}
-	for _, form := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), url.UserPassword("", pw).String()[1:]} {
-		if form != "" {
-			s = strings.ReplaceAll(s, form, "xxxxx")
-		}
-	}
-	return s
-}
-
-// redact returns err itself when its text does not contain u's password,
-// and otherwise an error with the password replaced, which drops err from
-// the chain so that nothing can print it.
-func redact(err error, u *url.URL) error {
-	msg := err.Error()
-	if clean := redactText(msg, u); clean != msg {
-		return errors.New(clean)
-	}
-	return err
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/urlparams"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -49,7 +50,7 @@ func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
 		go func() {
 			defer wg.Done()
 			if err := c.Ping(ctx).Err(); err != nil {
-				errs[i] = fmt.Errorf("%s: %w", nodes[i].Addr, redact(err, u))
+				errs[i] = fmt.Errorf("%s: %w", nodes[i].Addr, urlparams.Redact(err, u))
 			}
 		}()
 	}
@@ -99,50 +100,50 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", redactText(err.Error(), u))
+		return nil, nil, invalid("malformed query: %v", urlparams.RedactText(err.Error(), u))
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
 		return nil, nil, err
 	}
 	opts := &Options{Lock: *lock}
-	p := params{q: q}
-	if v, ok := p.take(paramPrefix); ok {
+	p := urlparams.Params{Q: q, Driver: "redlock"}
+	if v, ok := p.Take(paramPrefix); ok {
 		opts.KeyPrefix = v
 	}
-	if v, ok := p.take(paramCompat); ok {
+	if v, ok := p.Take(paramCompat); ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			p.fail(invalid("URL parameter %s=%q is not a boolean", paramCompat, v))
+			p.Fail(invalid("URL parameter %s=%q is not a boolean", paramCompat, v))
 		}
 		opts.Compat = b
 	}
 	for key, dst := range map[string]*time.Duration{paramNodeTimeout: &opts.NodeTimeout, paramDrift: &opts.Drift} {
-		if v, ok := p.take(key); ok {
+		if v, ok := p.Take(key); ok {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {
-				p.fail(invalid("URL parameter %s=%q is not a positive duration", key, v))
+				p.Fail(invalid("URL parameter %s=%q is not a positive duration", key, v))
 			}
 			*dst = d
 		}
 	}
-	ca, _ := p.take(paramTLSCA)
-	cert, _ := p.take(paramTLSCert)
-	key, _ := p.take(paramTLSKey)
-	server, _ := p.take(paramTLSServer)
+	ca, _ := p.Take(paramTLSCA)
+	cert, _ := p.Take(paramTLSCert)
+	key, _ := p.Take(paramTLSKey)
+	server, _ := p.Take(paramTLSServer)
 	skip := false
-	if v, ok := p.take(paramTLSSkip); ok {
+	if v, ok := p.Take(paramTLSSkip); ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			p.fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
+			p.Fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
 		}
 		skip = b
 	}
-	if p.err != nil {
-		return nil, nil, p.err
+	if p.Err != nil {
+		return nil, nil, p.Err
 	}
 	secure := u.Scheme == "redlocks"
-	if !secure && p.tls {
+	if !secure && p.TLS {
 		return nil, nil, invalid("TLS parameters need a redlocks:// URL")
 	}
 	if (cert == "") != (key == "") {
@@ -208,7 +209,7 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 			if errors.As(err, &ue) {
 				err = ue.Err // url.Error quotes the whole URL
 			}
-			return nil, nil, invalid("%s", strings.TrimPrefix(redactText(err.Error(), u), "redis: "))
+			return nil, nil, invalid("%s", strings.TrimPrefix(urlparams.RedactText(err.Error(), u), "redis: "))
 		}
 		o.ContextTimeoutEnabled = true
 		// One dial per attempt: a node that refuses connections fails the
@@ -229,62 +230,4 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 		nodes[i] = o
 	}
 	return nodes, opts, nil
-}
-
-// params takes single-valued parameters out of a query.
-type params struct {
-	q   url.Values
-	err error
-	tls bool // a tls_ parameter was given
-}
-
-func (p *params) take(key string) (string, bool) {
-	vals, ok := p.q[key]
-	if !ok {
-		return "", false
-	}
-	delete(p.q, key)
-	if strings.HasPrefix(key, "tls_") {
-		p.tls = true
-	}
-	if len(vals) != 1 {
-		p.fail(invalid("URL parameter %q given %d times", key, len(vals)))
-		return "", false
-	}
-	return vals[0], true
-}
-
-func (p *params) fail(err error) {
-	if p.err == nil {
-		p.err = err
-	}
-}
-
-// redactText replaces u's password, in every spelling it may take, with
-// "xxxxx".
-func redactText(s string, u *url.URL) string {
-	if u == nil || u.User == nil {
-		return s
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" {
-		return s
-	}
-	for _, form := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), url.UserPassword("", pw).String()[1:]} {
-		if form != "" {
-			s = strings.ReplaceAll(s, form, "xxxxx")
-		}
-	}
-	return s
-}
-
-// redact returns err itself when its text does not contain u's password,
-// and otherwise an error with the password replaced, which drops err from
-// the chain so that nothing can print it.
-func redact(err error, u *url.URL) error {
-	msg := err.Error()
-	if clean := redactText(msg, u); clean != msg {
-		return errors.New(clean)
-	}
-	return err
 }

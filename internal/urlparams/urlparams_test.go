@@ -1,0 +1,67 @@
+package urlparams_test
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/urlparams"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestTake(t *testing.T) {
+	q, _ := url.ParseQuery("a=1&b=2&b=3&tls_ca=x&left=over")
+	p := urlparams.Params{Q: q, Driver: "test"}
+	if v, ok := p.Take("a"); !ok || v != "1" {
+		t.Errorf("Take(a) = %q, %v; want 1, true", v, ok)
+	}
+	if _, ok := p.Take("missing"); ok || p.Err != nil {
+		t.Errorf("Take(missing) = _, %v with Err %v; want false, nil", ok, p.Err)
+	}
+	if p.TLS {
+		t.Error("TLS set before any tls_ parameter was taken")
+	}
+	if _, ok := p.Take("b"); ok || !errors.Is(p.Err, dlock.ErrInvalid) || !strings.Contains(p.Err.Error(), "test:") {
+		t.Errorf("Take(b given twice) = _, %v with Err %v; want false and an ErrInvalid naming the driver", ok, p.Err)
+	}
+	first := p.Err
+	p.Take("tls_ca")
+	if !p.TLS {
+		t.Error("TLS not set after tls_ca was taken")
+	}
+	p.Fail(errors.New("later"))
+	if p.Err != first {
+		t.Errorf("Fail replaced the first error %v with %v", first, p.Err)
+	}
+	if len(p.Q) != 1 || p.Q.Get("left") != "over" {
+		t.Errorf("left in the query: %v; want only left=over", p.Q)
+	}
+}
+
+func TestRedact(t *testing.T) {
+	u, err := url.Parse("redis://user:p%40ss%2Fw+rd@host:6379/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, _ := u.User.Password() // p@ss/w+rd
+	for _, s := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), "p%40ss%2Fw+rd"} {
+		if got := urlparams.RedactText("dial "+s+" failed", u); strings.Contains(got, s) {
+			t.Errorf("RedactText left %q in %q", s, got)
+		}
+	}
+	plain := errors.New("no secret here")
+	if got := urlparams.Redact(plain, u); got != plain {
+		t.Errorf("Redact changed an error without the password: %v", got)
+	}
+	if got := urlparams.Redact(errors.New("auth p@ss/w+rd refused"), u); strings.Contains(got.Error(), pw) {
+		t.Errorf("Redact kept the password: %v", got)
+	}
+	if got := urlparams.RedactText("x", &url.URL{Host: "h"}); got != "x" {
+		t.Errorf("RedactText without userinfo = %q, want x", got)
+	}
+}
