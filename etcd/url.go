@@ -3,12 +3,10 @@ package etcd
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -36,11 +34,6 @@ const (
 	paramKeepAlive    = "dial_keep_alive_time"
 	paramKeepAliveTO  = "dial_keep_alive_timeout"
 	paramAutoSync     = "auto_sync_interval"
-	paramTLSCA        = "tls_ca"
-	paramTLSCert      = "tls_cert"
-	paramTLSKey       = "tls_key"
-	paramTLSServer    = "tls_server_name"
-	paramTLSSkip      = "tls_insecure_skip_verify"
 	defaultClientPort = "2379"
 )
 
@@ -167,18 +160,7 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 			*dst = d
 		}
 	}
-	ca, _ := p.Take(paramTLSCA)
-	cert, _ := p.Take(paramTLSCert)
-	key, _ := p.Take(paramTLSKey)
-	server, _ := p.Take(paramTLSServer)
-	skip := false
-	if v, ok := p.Take(paramTLSSkip); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			p.Fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
-		}
-		skip = b
-	}
+	tlsp := p.TakeTLS()
 	if p.Err != nil {
 		return nil, nil, p.Err
 	}
@@ -188,31 +170,13 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	if !secure && p.TLS {
 		return nil, nil, invalid("TLS parameters need an etcds:// URL")
 	}
-	if (cert == "") != (key == "") {
-		return nil, nil, invalid("%s and %s go together", paramTLSCert, paramTLSKey)
-	}
 	if secure {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: server, InsecureSkipVerify: skip}
-		if ca != "" {
-			pem, err := os.ReadFile(ca)
-			if err != nil {
-				return nil, nil, invalid("%s: %v", paramTLSCA, err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, nil, invalid("%s: no PEM certificate in %s", paramTLSCA, ca)
-			}
-			tc.RootCAs = pool
-		}
-		if cert != "" {
-			pair, err := tls.LoadX509KeyPair(cert, key)
-			if err != nil {
-				return nil, nil, invalid("%s/%s: %v", paramTLSCert, paramTLSKey, err)
-			}
-			tc.Certificates = []tls.Certificate{pair}
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if err := tlsp.Apply(tc); err != nil {
+			return nil, nil, err
 		}
 		cfg.TLS = tc
-		if server != "" {
+		if server := tlsp.ServerName; server != "" {
 			// gRPC verifies each connection against its endpoint's host,
 			// whatever tls.Config.ServerName says: name the server in the
 			// handshake instead. (A later dial option replaces the

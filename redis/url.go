@@ -2,12 +2,9 @@ package redis
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 
@@ -42,13 +39,8 @@ func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
 
 // Parameters this package takes out of a URL before go-redis sees it.
 const (
-	paramPrefix    = "prefix"
-	paramCompat    = "compat"
-	paramTLSCA     = "tls_ca"
-	paramTLSCert   = "tls_cert"
-	paramTLSKey    = "tls_key"
-	paramTLSServer = "tls_server_name"
-	paramTLSSkip   = "tls_insecure_skip_verify"
+	paramPrefix = "prefix"
+	paramCompat = "compat"
 )
 
 // parseURL turns a redis:// or rediss:// URL into go-redis options and the
@@ -81,26 +73,12 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 		}
 		opts.Compat = b
 	}
-	ca, _ := p.Take(paramTLSCA)
-	cert, _ := p.Take(paramTLSCert)
-	key, _ := p.Take(paramTLSKey)
-	server, _ := p.Take(paramTLSServer)
-	skip := false
-	if v, ok := p.Take(paramTLSSkip); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			p.Fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
-		}
-		skip = b
-	}
+	tlsp := p.TakeTLS()
 	if p.Err != nil {
 		return nil, nil, p.Err
 	}
 	if u.Scheme != "rediss" && p.TLS {
 		return nil, nil, invalid("TLS parameters need a rediss:// URL")
-	}
-	if (cert == "") != (key == "") {
-		return nil, nil, invalid("%s and %s go together", paramTLSCert, paramTLSKey)
 	}
 
 	rest := *u
@@ -116,29 +94,8 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 	gopts.ContextTimeoutEnabled = true
 	if u.Scheme == "rediss" {
 		cfg := gopts.TLSConfig // ServerName: the host, MinVersion: TLS 1.2, skip_verify
-		if ca != "" {
-			pem, err := os.ReadFile(ca)
-			if err != nil {
-				return nil, nil, invalid("%s: %v", paramTLSCA, err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, nil, invalid("%s: no PEM certificate in %s", paramTLSCA, ca)
-			}
-			cfg.RootCAs = pool
-		}
-		if cert != "" {
-			pair, err := tls.LoadX509KeyPair(cert, key)
-			if err != nil {
-				return nil, nil, invalid("%s/%s: %v", paramTLSCert, paramTLSKey, err)
-			}
-			cfg.Certificates = []tls.Certificate{pair}
-		}
-		if server != "" {
-			cfg.ServerName = server
-		}
-		if skip {
-			cfg.InsecureSkipVerify = true
+		if err := tlsp.Apply(cfg); err != nil {
+			return nil, nil, err
 		}
 	}
 	return gopts, opts, nil

@@ -3,12 +3,10 @@ package redlock
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,11 +72,6 @@ const (
 	paramCompat      = "compat"
 	paramNodeTimeout = "node_timeout"
 	paramDrift       = "drift"
-	paramTLSCA       = "tls_ca"
-	paramTLSCert     = "tls_cert"
-	paramTLSKey      = "tls_key"
-	paramTLSServer   = "tls_server_name"
-	paramTLSSkip     = "tls_insecure_skip_verify"
 )
 
 // defaultPort is the port of a host listed without one.
@@ -127,27 +120,13 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 			*dst = d
 		}
 	}
-	ca, _ := p.Take(paramTLSCA)
-	cert, _ := p.Take(paramTLSCert)
-	key, _ := p.Take(paramTLSKey)
-	server, _ := p.Take(paramTLSServer)
-	skip := false
-	if v, ok := p.Take(paramTLSSkip); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			p.Fail(invalid("URL parameter %s=%q is not a boolean", paramTLSSkip, v))
-		}
-		skip = b
-	}
+	tlsp := p.TakeTLS()
 	if p.Err != nil {
 		return nil, nil, p.Err
 	}
 	secure := u.Scheme == "redlocks"
 	if !secure && p.TLS {
 		return nil, nil, invalid("TLS parameters need a redlocks:// URL")
-	}
-	if (cert == "") != (key == "") {
-		return nil, nil, invalid("%s and %s go together", paramTLSCert, paramTLSKey)
 	}
 
 	var hosts []string
@@ -174,25 +153,9 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	var tlsCfg *tls.Config
 	if secure {
 		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
-		if ca != "" {
-			pem, err := os.ReadFile(ca)
-			if err != nil {
-				return nil, nil, invalid("%s: %v", paramTLSCA, err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, nil, invalid("%s: no PEM certificate in %s", paramTLSCA, ca)
-			}
-			tlsCfg.RootCAs = pool
+		if err := tlsp.Apply(tlsCfg); err != nil {
+			return nil, nil, err
 		}
-		if cert != "" {
-			pair, err := tls.LoadX509KeyPair(cert, key)
-			if err != nil {
-				return nil, nil, invalid("%s/%s: %v", paramTLSCert, paramTLSKey, err)
-			}
-			tlsCfg.Certificates = []tls.Certificate{pair}
-		}
-		tlsCfg.InsecureSkipVerify = skip
 	}
 
 	scheme := "redis"
@@ -222,8 +185,8 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 			cfg := tlsCfg.Clone()
 			cfg.ServerName = o.TLSConfig.ServerName
 			cfg.InsecureSkipVerify = cfg.InsecureSkipVerify || o.TLSConfig.InsecureSkipVerify
-			if server != "" {
-				cfg.ServerName = server
+			if tlsp.ServerName != "" {
+				cfg.ServerName = tlsp.ServerName
 			}
 			o.TLSConfig = cfg
 		}

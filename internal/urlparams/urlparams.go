@@ -5,11 +5,8 @@ package urlparams
 
 import (
 	"errors"
-	"fmt"
 	"net/url"
 	"strings"
-
-	"github.com/dlock/dlock"
 )
 
 // Params takes single-valued parameters out of a query, deleting each one it
@@ -34,7 +31,7 @@ func (p *Params) Take(key string) (string, bool) {
 		p.TLS = true
 	}
 	if len(vals) != 1 {
-		p.Fail(fmt.Errorf("%w: %s: URL parameter %q given %d times", dlock.ErrInvalid, p.Driver, key, len(vals)))
+		p.Fail(p.invalid("URL parameter %q given %d times", key, len(vals)))
 		return "", false
 	}
 	return vals[0], true
