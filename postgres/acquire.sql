@@ -13,8 +13,9 @@
 --            taken only if pg_backend_pid() is that pid (0: no check; see
 --            Options.SessionPooler).
 --   $4 text  the lease's idle_session_timeout, in milliseconds: the TTL.
---   $5 bool  fencing: take pg_current_xact_id() after the grant, and make the
---            commit durable before the statement returns (see below).
+--
+-- The fence placeholder (in double braces) is replaced, once per Locker, by
+-- nextval of the fencing sequence (see fence.go), or by NULL without fencing.
 --
 -- Returns one row:
 --   pid        int4    pg_backend_pid()
@@ -22,36 +23,22 @@
 --   locked     bool    granted; NULL when the pid did not match (not tried)
 --   waited     float8  seconds from the statement's start to the grant, on
 --                      the server's clock
---   fence      text    the fencing token (xid8), NULL unless locked and $5
+--   fence      int8    the fencing token, NULL unless locked (and fencing)
 --   prev_idle  text    idle_session_timeout before this statement, for release
 --
 -- The inner query (kept apart by OFFSET 0) reads the settings and takes the
 -- lock; the outer one runs after the grant, so the fencing token is taken
--- while the lock is held and tokens follow grant order. Nothing is changed
--- unless the lock was granted. A statement that fails (cancelled wait) rolls
--- its set_config calls back with its implicit transaction.
---
--- A transaction id is only reissued after a crash if its commit never reached
--- the disk, and PostgreSQL does not flush the commit of a transaction that
--- wrote no WAL (it loses nothing for anyone else). So the fencing token's
--- transaction writes one small WAL record, a transactional logical message
--- with prefix 'dlock' (ignored by logical replication unless asked for),
--- and commits with synchronous_commit at least 'local': the commit is
--- flushed, the token durable, before the client sees it.
+-- while the lock is held and tokens follow grant order (the sequence only
+-- grows). Nothing is changed unless the lock was granted. A statement that
+-- fails (cancelled wait) rolls its set_config call back with its implicit
+-- transaction.
 SELECT g.pid,
        g.key,
        g.locked,
        extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited,
-       CASE WHEN g.locked AND $5 THEN pg_current_xact_id()::text END AS fence,
-       CASE WHEN g.locked AND $5 THEN pg_logical_emit_message(true, 'dlock', '') END AS logged,
+       CASE WHEN g.locked THEN {{fence}} END AS fence,
        g.prev_idle,
-       CASE WHEN g.locked THEN set_config('idle_session_timeout', $4, false) END AS idle,
-       CASE WHEN g.locked AND $5 THEN
-         set_config('synchronous_commit',
-                    CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local'
-                         ELSE current_setting('synchronous_commit') END,
-                    true)
-       END AS sync
+       CASE WHEN g.locked THEN set_config('idle_session_timeout', $4, false) END AS idle
 FROM (
   SELECT pg_backend_pid() AS pid,
          k.key,

@@ -13,7 +13,8 @@
 //   - The lock options of dlock.Options: ttl, refresh, refresh_interval,
 //     retry_min, retry_max, metadata (see dlock.OptionsFromQuery).
 //   - prefix=app/ sets Options.KeyPrefix; fencing=false sets
-//     Options.NoFencing; session_pooler=true sets Options.SessionPooler.
+//     Options.NoFencing; fence_schema=locks sets Options.FenceSchema;
+//     session_pooler=true sets Options.SessionPooler.
 //   - Everything pgxpool.ParseConfig accepts, in libpq form: sslmode,
 //     sslrootcert, sslcert, sslkey, connect_timeout, application_name,
 //     pool_max_conns, pool_min_conns, …; any other parameter is sent to the
@@ -98,26 +99,33 @@
 // waits; a statement_timeout set for the role or database ends long waits,
 // which Acquire then starts again at the back of the queue.
 //
-// Costs: an acquisition is one round trip (and, with fencing, one WAL
-// flush), a release one round trip, and the watchdog one round trip every
+// Costs: an acquisition is one round trip (fencing adds a nextval), a
+// release one round trip, and the watchdog one round trip every
 // TTL/3; a lease, and a waiting Acquire, keep one connection, and a lease idle
 // for 50ms one goroutine reading it.
 //
-// Fencing tokens are pg_current_xact_id(), the 64-bit transaction id that the
-// acquiring statement takes after the grant. Transaction ids only grow, but a
-// crashed server hands out again those whose commit had not reached the disk,
-// and PostgreSQL does not flush the commit of a transaction that wrote no WAL:
-// so the acquiring transaction also writes one small WAL record (a
-// transactional logical message with prefix "dlock", which logical
-// replication passes on only to consumers that ask for messages) and commits
-// with synchronous_commit at least 'local' (the server's setting is kept
-// unless it is 'off'). The token is on disk before the client sees it, and
-// tokens strictly increase across holders, releases, expiries and server
-// crashes and restarts, with no table or sequence to create; with synchronous
-// replication (synchronous_commit on or above), also across failover to a
-// synchronous standby. The cost: one transaction id and one WAL flush (group
-// committed with others) per acquisition. Options.NoFencing turns them off
-// (Capabilities.Fencing false).
+// Fencing tokens come from a sequence, dlock_fence_seq: the acquiring
+// statement takes nextval after the grant, so tokens follow grant order.
+// A sequence only grows while the server runs, but a crash can take back its
+// last values (PostgreSQL writes a sequence's WAL record ahead of 32 values
+// and does not wait for it to reach the disk). So each server start is an
+// epoch: before a connection hands out its first token, it makes sure that
+// its server start is recorded in the table dlock_fence_epoch; the first
+// connection after a start records it and moves the sequence EpochGap (2^32)
+// forward, in one transaction whose commit is flushed (synchronous_commit at
+// least 'local'). Tokens therefore strictly increase across holders,
+// releases, expiries, restarts and crashes, unless a crash took back more
+// than 2^32 values (more grants than the server makes in hours, all in WAL
+// that never reached the disk); with synchronous replication, also across
+// failover to a synchronous standby (and, asynchronously replicated, unless
+// the standby missed 2^32 values). The cost: nextval per acquisition (its WAL
+// record, every 32nd call, commits with a flush), a round trip per new
+// connection, one row per server start. The sequence and table are in
+// Options.FenceSchema (default "public"), created on first use; a role that
+// may not create them gets an error at NewFromConfig (or at the first
+// acquisition, with New), and an administrator can run DDL once instead.
+// Options.NoFencing turns fencing off (Capabilities.Fencing false) and then
+// nothing is stored.
 //
 // What it does not survive:
 //
@@ -135,7 +143,7 @@
 //     reports the loss once the process runs again. Pass Lease.Fence to the
 //     resource.
 //   - A hot standby: advisory locks there are the standby's own; with
-//     fencing the acquisition fails (no transaction id on a standby).
+//     fencing the acquisition fails (no nextval on a standby).
 //
 // # Layout
 //
@@ -157,8 +165,9 @@
 // share a lock only if their 64-bit hashes collide (a chance of about
 // n²/2^65 among n names): they then exclude each other, which is safe.
 //
-// Nothing else is stored: no table, no sequence, nothing left on the server
-// once the sessions end. Metadata (Options.Metadata) is not stored.
+// Nothing else is stored but the fencing sequence and epoch table (see
+// Guarantees): no lock leaves anything on the server once its session ends.
+// Metadata (Options.Metadata) is not stored.
 package postgres
 
 import (
@@ -169,6 +178,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -246,9 +256,15 @@ type Options struct {
 	KeyPrefix string
 
 	// NoFencing turns fencing tokens off (URL: fencing=false): an acquisition
-	// then takes no transaction id, writes no WAL and waits for no disk.
+	// then takes no nextval, and the driver needs no sequence or table.
 	// Default false.
 	NoFencing bool
+
+	// FenceSchema is the schema of the fencing sequence and epoch table
+	// (URL: fence_schema=locks). Every Locker that fences locks of one
+	// database must use the same one: tokens from different sequences are
+	// not ordered. Default DefaultFenceSchema ("public").
+	FenceSchema string
 
 	// SessionPooler allows a proxy between the driver and the server, such as
 	// PgBouncer in pool_mode=session, whose backend pid differs from the one
@@ -266,7 +282,8 @@ func New(pool *pgxpool.Pool, opts *Options) (dlock.Locker, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool", dlock.ErrInvalid)
 	}
-	return newLocker(pool, opts, false)
+	l, _, err := newLocker(pool, opts, false)
+	return l, err
 }
 
 // NewFromConfig makes a pool from cfg, checks that the server answers
@@ -284,28 +301,49 @@ func NewFromConfig(ctx context.Context, cfg *pgxpool.Config, opts *Options) (dlo
 		pool.Close()
 		return nil, fmt.Errorf("postgres: connecting: %w", err)
 	}
-	l, err := newLocker(pool, opts, true)
+	l, d, err := newLocker(pool, opts, true)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
+	if d.fencing {
+		// Fail here, not at the first acquisition, when the fencing objects
+		// cannot be made or used.
+		err := pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+			return d.ensureEpoch(ctx, c.Conn())
+		})
+		if err != nil {
+			_ = l.Close(context.WithoutCancel(ctx))
+			return nil, err
+		}
+	}
 	return l, nil
 }
 
-func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, error) {
+func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, *driver, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
+	}
+	if o.FenceSchema == "" {
+		o.FenceSchema = DefaultFenceSchema
 	}
 	d := &driver{
 		pool:     pool,
 		ownsPool: ownsPool,
 		prefix:   o.KeyPrefix,
 		fencing:  !o.NoFencing,
+		fence:    newFenceObjects(o.FenceSchema),
 		checkPID: !o.SessionPooler,
 		leases:   make(map[*lease]struct{}),
 	}
-	return dlock.New(d, &o.Lock)
+	next := "NULL::int8"
+	if d.fencing {
+		next = "nextval(" + d.fence.seqLit + ")"
+	}
+	d.acquireSQL = strings.ReplaceAll(acquireSQL, "{{fence}}", next)
+	l, err := dlock.New(d, &o.Lock)
+	return l, d, err
 }
 
 type driver struct {
@@ -313,7 +351,10 @@ type driver struct {
 	ownsPool bool
 	prefix   string
 	fencing  bool
+	fence    fenceObjects
 	checkPID bool // the backend pid must be the one of the startup message
+
+	acquireSQL string // acquire.sql with the fencing expression in place
 
 	mu     sync.Mutex
 	closed bool
@@ -401,15 +442,13 @@ type acquireRow struct {
 	key      int64
 	locked   *bool
 	waited   float64
-	fence    *string
-	logged   *string // pg_lsn
+	fence    *int64
 	prevIdle string
 	idle     *string
-	sync     *string
 }
 
 func (r *acquireRow) dest() []any {
-	return []any{&r.pid, &r.key, &r.locked, &r.waited, &r.fence, &r.logged, &r.prevIdle, &r.idle, &r.sync}
+	return []any{&r.pid, &r.key, &r.locked, &r.waited, &r.fence, &r.prevIdle, &r.idle}
 }
 
 // acquire makes one attempt on a connection from the pool: one
@@ -427,13 +466,25 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	if d.checkPID {
 		pid = int32(pg.PID())
 	}
-	args := []any{d.prefix + req.Name, wait, pid, ms, d.fencing}
+	if d.fencing {
+		if err := d.ensureEpoch(ctx, c.Conn()); err != nil {
+			if pg.IsClosed() {
+				err = &connError{err}
+			}
+			discard(c)
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+			}
+			return nil, err
+		}
+	}
+	args := []any{d.prefix + req.Name, wait, pid, ms}
 	var r acquireRow
 	sent := time.Now()
 	if wait {
 		var cancelled bool
 		cancelled, err = cancellable(ctx, pg, 0, func(qctx context.Context) error {
-			return c.QueryRow(qctx, acquireSQL, args...).Scan(r.dest()...)
+			return c.QueryRow(qctx, d.acquireSQL, args...).Scan(r.dest()...)
 		})
 		if err == nil && cancelled {
 			// Granted as the wait was cancelled: closing the session gives
@@ -442,7 +493,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
 	} else {
-		err = c.QueryRow(ctx, acquireSQL, args...).Scan(r.dest()...)
+		err = c.QueryRow(ctx, d.acquireSQL, args...).Scan(r.dest()...)
 	}
 	recv := time.Now()
 	if err != nil {
@@ -467,14 +518,11 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	}
 	var fence uint64
 	if d.fencing {
-		if r.fence == nil {
+		if r.fence == nil || *r.fence <= 0 {
 			discard(c)
 			return nil, fmt.Errorf("postgres: acquiring %q: no fencing token", req.Name)
 		}
-		if fence, err = strconv.ParseUint(*r.fence, 10, 64); err != nil {
-			discard(c)
-			return nil, fmt.Errorf("postgres: acquiring %q: fencing token %q: %w", req.Name, *r.fence, err)
-		}
+		fence = uint64(*r.fence)
 	}
 	if wait {
 		// The TTL runs from the grant, which the server timed: sent plus the

@@ -26,6 +26,7 @@ const (
 	paramPrefix        = "prefix"
 	paramFencing       = "fencing"
 	paramSessionPooler = "session_pooler"
+	paramFenceSchema   = "fence_schema"
 )
 
 // open is the dlock.OpenFunc for postgres:// and postgresql:// URLs.
@@ -94,6 +95,9 @@ func ParseURL(u *url.URL) (*pgxpool.Config, *Options, error) {
 		return nil, nil, err
 	}
 	opts.NoFencing = ok && !fencing
+	if opts.FenceSchema, _, err = take(paramFenceSchema); err != nil {
+		return nil, nil, err
+	}
 	if opts.SessionPooler, _, err = boolean(paramSessionPooler); err != nil {
 		return nil, nil, err
 	}

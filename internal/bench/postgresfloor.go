@@ -16,7 +16,7 @@ import (
 // a postgres:// or postgresql:// URL: each Floor is one pgx connection, made
 // from the URL as the postgres driver makes its pool's (libpq parameters,
 // run-time settings), with dlock's lock options, the driver's own parameters
-// (prefix, fencing, session_pooler) and pgxpool's pool_* parameters left
+// (prefix, fencing, fence_schema, session_pooler) and pgxpool's pool_* parameters left
 // out.
 //
 // TryLock is `SELECT pg_try_advisory_lock(hashtextextended($1, 0))` on the
@@ -36,7 +36,7 @@ func PostgresFloors(u *url.URL) (FloorOpener, error) {
 		return nil, err
 	}
 	for k := range q {
-		if k == "prefix" || k == "fencing" || k == "session_pooler" || strings.HasPrefix(k, "pool_") {
+		if k == "prefix" || k == "fencing" || k == "session_pooler" || k == "fence_schema" || strings.HasPrefix(k, "pool_") {
 			delete(q, k)
 		}
 	}
