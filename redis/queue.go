@@ -118,7 +118,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 	life := max(req.TTL, minLifetime)
 
 	var (
-		x         *watcher
+		x         *grantWatch
 		sentAny   bool
 		floor     time.Time // lower bound on when a handoff to us happened
 		known     uint64    // the counter seen by the last busy reply
@@ -128,7 +128,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 	)
 	defer func() {
 		if x != nil {
-			x.stop()
+			x.x.Stop()
 		}
 		if err != nil && sentAny {
 			q.leave(ctx, keys, token, req.TTL)
@@ -150,7 +150,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 		return errors.Join(dlock.ErrNotAcquired, ctx.Err(), lastErr)
 	}
 
-	if !d.hub.ready(channel) {
+	if !d.hub.Ready(channel) {
 		r, sent, err := run(0)
 		if err == nil && r.kind != replyBusy {
 			return d.waitGrant(keys, token, r, sent, floor), nil
@@ -165,7 +165,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 	for {
 		if x == nil && !time.Now().Before(nextWatch) {
 			var werr error
-			x, werr = d.hub.watchToken(ctx, channel, req.Token)
+			x, werr = d.watchGrants(ctx, channel, req.Token)
 			if werr != nil {
 				if ctx.Err() != nil {
 					return nil, done()
@@ -211,7 +211,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 		case <-c:
 			// Our grant, or else anything (a release with nobody queued, a
 			// lost connection, a stale grant): look again.
-			if f := x.granted(); f > known {
+			if f := x.fence.Load(); f > known {
 				return withSent(d.grant(keys, token, millis(req.TTL), f), floor), nil
 			}
 		case <-timer.C:

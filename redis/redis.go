@@ -156,10 +156,14 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -230,27 +234,11 @@ func newLocker(client goredis.UniversalClient, opts *Options, ownsClient bool) (
 	if d.prefix == "" && !d.compat {
 		d.prefix = DefaultKeyPrefix
 	}
-	d.hub.init(client, confirmTimeout(client))
+	d.hub = redishub.New(client, "redis", routeGrant)
 	if d.compat {
 		return dlock.New(d, &o.Lock)
 	}
 	return dlock.New(&queueDriver{d}, &o.Lock)
-}
-
-// confirmTimeout is how long the pub/sub connection may leave a SUBSCRIBE or
-// PING unanswered before it is taken for dead: the client's read timeout.
-func confirmTimeout(c goredis.UniversalClient) time.Duration {
-	var rt time.Duration
-	switch c := c.(type) {
-	case *goredis.Client:
-		rt = c.Options().ReadTimeout
-	case *goredis.ClusterClient:
-		rt = c.Options().ReadTimeout
-	}
-	if rt <= 0 {
-		rt = 3 * time.Second
-	}
-	return rt
 }
 
 type driver struct {
@@ -258,7 +246,7 @@ type driver struct {
 	prefix     string
 	compat     bool
 	ownsClient bool
-	hub        hub
+	hub        *redishub.Hub
 	bg         sync.WaitGroup // leaves still running after their Acquire returned
 }
 
@@ -354,13 +342,69 @@ func (d *driver) Abandon(ctx context.Context, req dlock.Request) error {
 	return nil
 }
 
+// Watch watches name's release channel: any message on it (a release, a
+// lost pub/sub connection) signals the returned channel.
 func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	return d.hub.watch(ctx, d.channel(name))
+	c := make(chan struct{}, 1)
+	x, err := d.hub.Watch(ctx, d.channel(name), "", func(string, bool) { redishub.Signal(c) })
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, x.Stop, nil
+}
+
+// grantWatch is a queued waiter's watch of its release channel: a grant
+// message to its token (the hub routes those to it alone), or any message
+// that is not a grant, signals c.
+type grantWatch struct {
+	x     *redishub.Watcher
+	c     chan struct{}
+	fence atomic.Uint64 // the highest fence of the grants to the token; 0: none
+}
+
+func (d *driver) watchGrants(ctx context.Context, channel, token string) (*grantWatch, error) {
+	g := &grantWatch{c: make(chan struct{}, 1)}
+	x, err := d.hub.Watch(ctx, channel, token, func(payload string, _ bool) {
+		// Called one at a time, under the hub's lock.
+		if _, f, ok := parseGrant(payload); ok && f > g.fence.Load() {
+			g.fence.Store(f)
+		}
+		redishub.Signal(g.c)
+	})
+	if err != nil {
+		return nil, err
+	}
+	g.x = x
+	return g, nil
+}
+
+// routeGrant gives a grant message, "g:<token>:<fence>" (a lock handed by
+// the queue scripts to the waiter of that token), to that waiter alone.
+func routeGrant(payload string) (string, bool) {
+	token, _, ok := parseGrant(payload)
+	return token, ok
+}
+
+// parseGrant reads a grant message, "g:<token>:<fence>".
+func parseGrant(payload string) (token string, fence uint64, ok bool) {
+	rest, ok := strings.CutPrefix(payload, "g:")
+	if !ok {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 {
+		return "", 0, false
+	}
+	f, err := strconv.ParseUint(rest[i+1:], 10, 64)
+	if err != nil || f == 0 {
+		return "", 0, false
+	}
+	return rest[:i], f, true
 }
 
 func (d *driver) Close() error {
 	d.bg.Wait() // bounded by leaveTimeout
-	err := d.hub.close()
+	err := d.hub.Close()
 	if d.ownsClient {
 		if cerr := d.c.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("redis: closing the client: %w", cerr))

@@ -167,6 +167,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -277,7 +278,7 @@ func newLocker(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 			return nil, invalid("client %d is given twice", i)
 		}
 		nd := &node{c: c, name: nodeName(i, c)}
-		nd.hub.init(c, confirmTimeout(c))
+		nd.hub = redishub.New(c, "redlock", nil)
 		d.nodes = append(d.nodes, nd)
 	}
 	return dlock.New(d, &o.Lock)
@@ -289,19 +290,6 @@ func nodeName(i int, c goredis.UniversalClient) string {
 		return fmt.Sprintf("node %d (%s)", i, c.Options().Addr)
 	}
 	return fmt.Sprintf("node %d", i)
-}
-
-// confirmTimeout is how long a pub/sub connection may leave a SUBSCRIBE or
-// PING unanswered before it is taken for dead: the client's read timeout.
-func confirmTimeout(c goredis.UniversalClient) time.Duration {
-	var rt time.Duration
-	if c, ok := c.(*goredis.Client); ok {
-		rt = c.Options().ReadTimeout
-	}
-	if rt <= 0 {
-		rt = 3 * time.Second
-	}
-	return rt
 }
 
 func invalid(format string, args ...any) error {
@@ -326,7 +314,7 @@ type driver struct {
 type node struct {
 	c    goredis.UniversalClient
 	name string
-	hub  hub
+	hub  *redishub.Hub
 }
 
 func (d *driver) Capabilities() dlock.Capabilities {
@@ -578,14 +566,14 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
-		watchers []*watcher
+		watchers []*redishub.Watcher
 	)
 	results := make(chan error, n)
 	for i, nd := range d.nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x, err := nd.hub.watch(wctx, channel, func(message bool) { rw.notify(i, message) })
+			x, err := nd.hub.Watch(wctx, channel, "", func(_ string, message bool) { rw.notify(i, message) })
 			if err == nil {
 				mu.Lock()
 				watchers = append(watchers, x)
@@ -602,7 +590,7 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 			cancel()
 			wg.Wait()
 			for _, x := range watchers {
-				x.stop()
+				x.Stop()
 			}
 			rw.stop()
 		})
@@ -632,7 +620,7 @@ func (d *driver) Close() error {
 	d.bg.Wait() // bounded by the node timeout
 	var errs []error
 	for _, nd := range d.nodes {
-		if err := nd.hub.close(); err != nil {
+		if err := nd.hub.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", nd.name, err))
 		}
 	}

@@ -3,6 +3,8 @@ package redlock
 import (
 	"sync"
 	"time"
+
+	"github.com/dlock/dlock/internal/redishub"
 )
 
 // settleDelay is how long a waiter that has heard a release from fewer than
@@ -83,7 +85,7 @@ func (w *releaseWatch) fire() {
 		w.armed = false
 		w.timer.Stop()
 	}
-	signal(w.c)
+	redishub.Signal(w.c)
 }
 
 // stop silences the watch.

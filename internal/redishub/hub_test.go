@@ -1,29 +1,79 @@
-package redis
+package redishub
 
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/internal/servers/servertest"
 	goredis "github.com/redis/go-redis/v9"
 )
 
-func newHub(t *testing.T, addr string, confirm time.Duration) *hub {
+func TestMain(m *testing.M) { servertest.Main(m) }
+
+// routeGrant is the redis driver's routing: "g:<key>:<anything>" is for the
+// waiter of key.
+func routeGrant(payload string) (string, bool) {
+	rest, ok := strings.CutPrefix(payload, "g:")
+	i := strings.LastIndexByte(rest, ':')
+	if !ok || i < 0 {
+		return "", false
+	}
+	return rest[:i], true
+}
+
+func newHub(t *testing.T, addr string, confirm time.Duration) *Hub {
 	t.Helper()
 	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: confirm})
-	h := &hub{}
-	h.init(c, confirm)
+	h := New(c, "redis", routeGrant)
 	h.linger = 0 // tests of subscription mechanics; TestLinger sets it
 	t.Cleanup(func() {
-		if err := h.close(); err != nil {
+		if err := h.Close(); err != nil {
 			t.Errorf("hub close: %v", err)
 		}
 		_ = c.Close()
 	})
 	return h
+}
+
+// watch is a plain watch that signals a 1-buffered channel, as the
+// drivers' waiters do.
+func (h *Hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	c := make(chan struct{}, 1)
+	x, err := h.Watch(ctx, channel, "", func(string, bool) { Signal(c) })
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, x.Stop, nil
+}
+
+// keyed is a watch with a key that records the last payload it was given.
+type keyed struct {
+	x    *Watcher
+	c    chan struct{}
+	last string // hub's lock held
+}
+
+func (k *keyed) payload() string {
+	k.x.h.mu.Lock()
+	defer k.x.h.mu.Unlock()
+	return k.last
+}
+
+func (h *Hub) watchKey(ctx context.Context, channel, key string) (*keyed, error) {
+	k := &keyed{c: make(chan struct{}, 1)}
+	x, err := h.Watch(ctx, channel, key, func(p string, message bool) {
+		if message {
+			k.last = p
+		}
+		Signal(k.c)
+	})
+	k.x = x
+	return k, err
 }
 
 func numSub(t *testing.T, raw *goredis.Client, channel string) int64 {
@@ -248,8 +298,8 @@ func TestSilentConnectionPinged(t *testing.T) {
 	}
 }
 
-// Grant messages reach only the waiter watching with their token, which
-// learns the fence; other messages wake every waiter of the channel.
+// Messages that Route gives a key reach only the waiter watching with that
+// key; other messages reach every waiter of the channel.
 func TestGrantRouting(t *testing.T) {
 	addr := servers.Require(t, servers.Redis).Addr()
 	raw := goredis.NewClient(&goredis.Options{Addr: addr})
@@ -257,16 +307,16 @@ func TestGrantRouting(t *testing.T) {
 	h := newHub(t, addr, 3*time.Second)
 	ctx := context.Background()
 	channel := "dlocktest:hub:" + time.Now().Format("150405.000000")
-	a, err := h.watchToken(ctx, channel, "aaaa")
+	a, err := h.watchKey(ctx, channel, "aaaa")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.stop()
-	b, err := h.watchToken(ctx, channel, "bbbb")
+	defer a.x.Stop()
+	b, err := h.watchKey(ctx, channel, "bbbb")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.stop()
+	defer b.x.Stop()
 	plain, stop, err := h.watch(ctx, channel)
 	if err != nil {
 		t.Fatal(err)
@@ -279,8 +329,8 @@ func TestGrantRouting(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the grant did not reach its waiter")
 	}
-	if f := a.granted(); f != 5 {
-		t.Errorf("granted() = %d, want 5", f)
+	if p := a.payload(); p != "g:aaaa:5" {
+		t.Errorf("the grant's waiter got %q", p)
 	}
 	// The message was handled whole when a was signalled.
 	select {
@@ -303,26 +353,8 @@ func TestGrantRouting(t *testing.T) {
 	default:
 		t.Fatal("a plain message did not wake the plain watch")
 	}
-	if f := b.granted(); f != 0 {
-		t.Errorf("granted() = %d for a token that got no grant", f)
-	}
-	for _, tc := range []struct {
-		in    string
-		token string
-		fence uint64
-		ok    bool
-	}{
-		{"g:ab:12", "ab", 12, true},
-		{"", "", 0, false},
-		{"g:ab", "", 0, false},
-		{"g:ab:0", "", 0, false},
-		{"g:ab:x", "", 0, false},
-		{"x:ab:1", "", 0, false},
-	} {
-		token, fence, ok := parseGrant(tc.in)
-		if token != tc.token || fence != tc.fence || ok != tc.ok {
-			t.Errorf("parseGrant(%q) = %q, %d, %v; want %q, %d, %v", tc.in, token, fence, ok, tc.token, tc.fence, tc.ok)
-		}
+	if p := b.payload(); p != "" {
+		t.Errorf("the other waiter got %q", p)
 	}
 }
 
@@ -341,7 +373,7 @@ func TestLinger(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop()
-	if !h.ready(channel) {
+	if !h.Ready(channel) {
 		t.Fatal("the channel was not kept after its last waiter left")
 	}
 	h.mu.Lock()

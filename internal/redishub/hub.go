@@ -1,12 +1,12 @@
-package redis
+// Package redishub shares one Redis pub/sub connection among the waiters of
+// a Locker: the redis driver runs one, the redlock driver one per node.
+package redishub
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -37,15 +37,14 @@ const (
 	maxLingering = 1024
 )
 
-// hub shares one pub/sub connection among all the waiters of a Locker. Each
-// release channel is subscribed while at least one waiter watches it, and
-// for linger after the last one left (at most maxLingering channels linger);
-// a waiter's Watch returns once the server has confirmed that subscription.
+// Hub shares one pub/sub connection among all the waiters of a Locker (of
+// one node). Each release channel is subscribed while at least one waiter
+// watches it, and for Linger after the last one left (at most maxLingering
+// channels linger); a waiter's Watch returns once the server has confirmed
+// that subscription.
 //
-// Messages are routed: "g:<token>:<fence>" (a lock handed to the waiter of
-// that token by the queue scripts) reaches only the waiter watching with that
-// token, which learns the fence; any other message wakes every waiter of the
-// channel.
+// Every message on a channel is passed to every waiter of that channel,
+// unless Route claims it for one waiter (see New).
 //
 // Two goroutines, started at the first Watch and stopped by close: the
 // writer sends SUBSCRIBE and UNSUBSCRIBE for the channels whose wanted state
@@ -65,8 +64,10 @@ const (
 // go-redis reconnects and resubscribes a PubSub by itself; the hub does not
 // rely on that, because it cannot tell which confirmations the new connection
 // will bring. It starts each epoch on a PubSub of its own instead.
-type hub struct {
+type Hub struct {
 	client         goredis.UniversalClient
+	name           string // the driver, in errors
+	route          func(payload string) (key string, ok bool)
 	confirmTimeout time.Duration
 	linger         time.Duration // zero: unsubscribe as soon as the last waiter leaves
 
@@ -95,8 +96,8 @@ type hub struct {
 // watched is the state of one release channel.
 type watched struct {
 	name        string
-	waiters     map[*watcher]struct{}
-	tokens      map[string]*watcher // the waiters that watch with a token
+	waiters     map[*Watcher]struct{}
+	keys        map[string]*Watcher // the waiters that watch with a key
 	lingerUntil time.Time           // not zero: subscribed without waiters until then
 	subscribed  bool                // the last command sent this epoch was SUBSCRIBE
 	pending     int                 // commands sent this epoch and not yet confirmed
@@ -105,30 +106,32 @@ type watched struct {
 	rewake      bool // wake the waiters when confirmed again after an epoch ended
 }
 
-// watcher is one waiter's registration on a channel.
-type watcher struct {
-	h     *hub
-	w     *watched
-	token string        // "" for a plain watch
-	c     chan struct{} // 1-buffered: look again
-	fence uint64        // from a grant message to token, h.mu held; 0: none
-	once  sync.Once
+// Watcher is one waiter's registration on a channel.
+type Watcher struct {
+	h   *Hub
+	w   *watched
+	key string // "" for a watch that Route never picks
+	// notify is told to look again: with the message's payload and true for
+	// a message published on the channel, with "" and false when the
+	// connection failed or was subscribed again (a release may have gone
+	// unheard). It is called with the hub's lock held and must not block.
+	notify func(payload string, message bool)
+	once   sync.Once
 }
 
-// stop ends the watch; it may be called more than once.
-func (x *watcher) stop() { x.once.Do(func() { x.h.unwatch(x) }) }
+// Stop ends the watch; it may be called more than once.
+func (x *Watcher) Stop() { x.once.Do(func() { x.h.unwatch(x) }) }
 
-// granted returns the highest fence of the grant messages to the watcher's
-// token received so far (0: none).
-func (x *watcher) granted() uint64 {
-	x.h.mu.Lock()
-	defer x.h.mu.Unlock()
-	return x.fence
-}
-
-func (h *hub) init(client goredis.UniversalClient, confirmTimeout time.Duration) {
-	h.client = client
-	h.confirmTimeout = confirmTimeout
+// New returns a Hub on client's pub/sub connections (made at the first
+// Watch). name prefixes its errors ("redis", "redlock"). route, when not
+// nil, picks the messages meant for one waiter: for a payload it returns the
+// key of the waiter it is for (see Watch), and the message reaches that
+// waiter only, or none if no waiter watches the channel with that key.
+// Confirmations (of SUBSCRIBE, UNSUBSCRIBE, PING) may take the client's read
+// timeout (3s when unset) before the connection is given up.
+func New(client goredis.UniversalClient, name string, route func(payload string) (key string, ok bool)) *Hub {
+	h := &Hub{client: client, name: name, route: route}
+	h.confirmTimeout = confirmTimeout(client)
 	h.linger = defaultLinger
 	h.chans = map[string]*watched{}
 	h.dirty = map[*watched]struct{}{}
@@ -136,31 +139,46 @@ func (h *hub) init(client goredis.UniversalClient, confirmTimeout time.Duration)
 	h.kick = make(chan struct{}, 1)
 	h.active = make(chan struct{}, 1)
 	h.ctx, h.cancel = context.WithCancel(context.Background())
+	return h
 }
 
-// watch registers a waiter on channel and returns once the server has
-// confirmed the subscription, the connection failed (an error: the caller
-// falls back to polling and may watch again), ctx ended or the hub closed.
-func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
-	x, err := h.watchToken(ctx, channel, "")
-	if err != nil {
-		return nil, nil, err
+// SetLinger sets how long a channel stays subscribed after its last waiter
+// left (default 2s; zero: unsubscribe at once). Call it before the first
+// Watch.
+func (h *Hub) SetLinger(d time.Duration) { h.linger = d }
+
+// confirmTimeout is how long the pub/sub connection may leave a SUBSCRIBE or
+// PING unanswered: the client's read timeout (3s by default).
+func confirmTimeout(c goredis.UniversalClient) time.Duration {
+	var rt time.Duration
+	switch c := c.(type) {
+	case *goredis.Client:
+		rt = c.Options().ReadTimeout
+	case *goredis.ClusterClient:
+		rt = c.Options().ReadTimeout
 	}
-	return x.c, x.stop, nil
+	if rt <= 0 {
+		rt = 3 * time.Second
+	}
+	return rt
 }
 
-// ready reports whether channel is subscribed and confirmed now (a watch of
+// Ready reports whether channel is subscribed and confirmed now (a watch of
 // it would return at once).
-func (h *hub) ready(channel string) bool {
+func (h *Hub) Ready(channel string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	w := h.chans[channel]
 	return w != nil && w.isReady
 }
 
-// watchToken is watch for the waiter of token: grant messages to token reach
-// it (and only it).
-func (h *hub) watchToken(ctx context.Context, channel, token string) (*watcher, error) {
+// Watch registers a waiter on channel, told through notify (see Watcher),
+// and returns once the server has confirmed the subscription, the
+// connection failed (an error: the caller falls back to polling and may
+// watch again), ctx ended or the hub closed (dlock.ErrClosed). Messages that
+// Route gives key reach this waiter only (the last one to watch with it); ""
+// takes none of them. Stop ends the watch.
+func (h *Hub) Watch(ctx context.Context, channel, key string, notify func(payload string, message bool)) (*Watcher, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -175,13 +193,13 @@ func (h *hub) watchToken(ctx context.Context, channel, token string) (*watcher, 
 	}
 	w := h.chans[channel]
 	if w == nil {
-		w = &watched{name: channel, waiters: map[*watcher]struct{}{}, tokens: map[string]*watcher{}, ready: make(chan struct{})}
+		w = &watched{name: channel, waiters: map[*Watcher]struct{}{}, keys: map[string]*Watcher{}, ready: make(chan struct{})}
 		h.chans[channel] = w
 	}
-	x := &watcher{h: h, w: w, token: token, c: make(chan struct{}, 1)}
+	x := &Watcher{h: h, w: w, key: key, notify: notify}
 	w.waiters[x] = struct{}{}
-	if token != "" {
-		w.tokens[token] = x
+	if key != "" {
+		w.keys[key] = x
 	}
 	h.stopLinger(w)
 	if len(w.waiters) == 1 {
@@ -194,24 +212,24 @@ func (h *hub) watchToken(ctx context.Context, channel, token string) (*watcher, 
 	case <-ready:
 		return x, nil
 	case <-broken:
-		x.stop()
-		return nil, fmt.Errorf("redis: subscribing to %q: the pub/sub connection failed", channel)
+		x.Stop()
+		return nil, fmt.Errorf("%s: subscribing to %q: the pub/sub connection failed", h.name, channel)
 	case <-ctx.Done():
-		x.stop()
+		x.Stop()
 		return nil, ctx.Err()
 	case <-h.ctx.Done():
-		x.stop()
+		x.Stop()
 		return nil, dlock.ErrClosed
 	}
 }
 
-func (h *hub) unwatch(x *watcher) {
+func (h *Hub) unwatch(x *Watcher) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	w := x.w
 	delete(w.waiters, x)
-	if x.token != "" && w.tokens[x.token] == x {
-		delete(w.tokens, x.token)
+	if x.key != "" && w.keys[x.key] == x {
+		delete(w.keys, x.key)
 	}
 	if len(w.waiters) > 0 || h.closed {
 		return
@@ -222,7 +240,7 @@ func (h *hub) unwatch(x *watcher) {
 		w.lingerUntil = time.Now().Add(h.linger)
 		h.lingering++
 		if h.lingerTimer == nil {
-			h.lingerTimer = time.AfterFunc(h.linger, func() { signal(h.kick) })
+			h.lingerTimer = time.AfterFunc(h.linger, func() { Signal(h.kick) })
 		} else if h.lingering == 1 {
 			h.lingerTimer.Reset(h.linger)
 		}
@@ -232,7 +250,7 @@ func (h *hub) unwatch(x *watcher) {
 }
 
 // stopLinger ends w's lingering, if it lingers; h.mu held.
-func (h *hub) stopLinger(w *watched) {
+func (h *Hub) stopLinger(w *watched) {
 	if !w.lingerUntil.IsZero() {
 		w.lingerUntil = time.Time{}
 		h.lingering--
@@ -241,7 +259,7 @@ func (h *hub) stopLinger(w *watched) {
 
 // expireLingering marks for unsubscription the channels whose linger has
 // passed and rearms the timer for the others; h.mu held.
-func (h *hub) expireLingering(now time.Time) {
+func (h *Hub) expireLingering(now time.Time) {
 	if h.lingering == 0 {
 		return
 	}
@@ -263,12 +281,13 @@ func (h *hub) expireLingering(now time.Time) {
 }
 
 // markDirty queues w for the writer; h.mu held.
-func (h *hub) markDirty(w *watched) {
+func (h *Hub) markDirty(w *watched) {
 	h.dirty[w] = struct{}{}
-	signal(h.kick)
+	Signal(h.kick)
 }
 
-func signal(c chan struct{}) {
+// Signal sends on a 1-buffered channel without blocking.
+func Signal(c chan struct{}) {
 	select {
 	case c <- struct{}{}:
 	default:
@@ -277,7 +296,7 @@ func signal(c chan struct{}) {
 
 // writeLoop sends the commands that bring the server's subscriptions in line
 // with the waiters.
-func (h *hub) writeLoop() {
+func (h *Hub) writeLoop() {
 	defer h.wg.Done()
 	backoff := time.Duration(0)
 	for {
@@ -291,7 +310,7 @@ func (h *hub) writeLoop() {
 			if !sleep(h.ctx, backoff) {
 				return
 			}
-			signal(h.kick) // the new epoch has everything to resubscribe
+			Signal(h.kick) // the new epoch has everything to resubscribe
 		} else {
 			backoff = 0
 		}
@@ -299,7 +318,7 @@ func (h *hub) writeLoop() {
 }
 
 // flush sends one SUBSCRIBE and one UNSUBSCRIBE covering every dirty channel.
-func (h *hub) flush() error {
+func (h *Hub) flush() error {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -333,7 +352,7 @@ func (h *hub) flush() error {
 	h.expect(n)
 	ps, epoch := h.ps, h.epoch
 	h.mu.Unlock()
-	signal(h.active)
+	Signal(h.active)
 
 	ctx, cancel := context.WithTimeout(h.ctx, h.confirmTimeout)
 	defer cancel()
@@ -351,7 +370,7 @@ func (h *hub) flush() error {
 }
 
 // expect records n more commands awaiting an answer; h.mu held.
-func (h *hub) expect(n int) {
+func (h *Hub) expect(n int) {
 	if h.outstanding == 0 {
 		h.waitingFrom = time.Now()
 	}
@@ -367,7 +386,7 @@ func (w *watched) unready() {
 }
 
 // forgetIfIdle drops w when nothing refers to it any more; h.mu held.
-func (h *hub) forgetIfIdle(w *watched) {
+func (h *Hub) forgetIfIdle(w *watched) {
 	if len(w.waiters) == 0 && w.lingerUntil.IsZero() && !w.subscribed && w.pending == 0 {
 		if h.chans[w.name] == w {
 			delete(h.chans, w.name)
@@ -378,7 +397,7 @@ func (h *hub) forgetIfIdle(w *watched) {
 
 // receiveLoop reads the pub/sub connection: confirmations, release messages
 // and pongs. It parks while there is nothing to read.
-func (h *hub) receiveLoop() {
+func (h *Hub) receiveLoop() {
 	defer h.wg.Done()
 	backoff := time.Duration(0)
 	for {
@@ -422,7 +441,7 @@ func (h *hub) receiveLoop() {
 }
 
 // received applies one reply read in epoch.
-func (h *hub) received(epoch uint64, msg any) {
+func (h *Hub) received(epoch uint64, msg any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if epoch != h.epoch || h.closed {
@@ -436,14 +455,15 @@ func (h *hub) received(epoch uint64, msg any) {
 		if w == nil {
 			return
 		}
-		if token, fence, ok := parseGrant(m.Payload); ok {
-			if x := w.tokens[token]; x != nil {
-				x.fence = max(x.fence, fence)
-				signal(x.c)
+		if h.route != nil {
+			if key, ok := h.route(m.Payload); ok {
+				if x := w.keys[key]; x != nil {
+					x.notify(m.Payload, true)
+				}
+				return
 			}
-			return // a grant to another waiter: the lock is held again
 		}
-		w.wake()
+		w.wake(m.Payload, true)
 	case *goredis.Subscription:
 		w := h.chans[m.Channel]
 		if w == nil || w.pending == 0 {
@@ -456,7 +476,7 @@ func (h *hub) received(epoch uint64, msg any) {
 			close(w.ready)
 			if w.rewake {
 				w.rewake = false
-				w.wake()
+				w.wake("", false)
 			}
 		}
 		h.forgetIfIdle(w)
@@ -466,7 +486,7 @@ func (h *hub) received(epoch uint64, msg any) {
 }
 
 // answered counts one answer; h.mu held.
-func (h *hub) answered(now time.Time) {
+func (h *Hub) answered(now time.Time) {
 	if h.outstanding > 0 {
 		h.outstanding--
 		h.waitingFrom = now
@@ -474,32 +494,15 @@ func (h *hub) answered(now time.Time) {
 }
 
 // wake tells every waiter of w to try again; h.mu held.
-func (w *watched) wake() {
+func (w *watched) wake(payload string, message bool) {
 	for x := range w.waiters {
-		signal(x.c)
+		x.notify(payload, message)
 	}
-}
-
-// parseGrant reads a grant message, "g:<token>:<fence>".
-func parseGrant(payload string) (token string, fence uint64, ok bool) {
-	rest, ok := strings.CutPrefix(payload, "g:")
-	if !ok {
-		return "", 0, false
-	}
-	i := strings.LastIndexByte(rest, ':')
-	if i < 0 {
-		return "", 0, false
-	}
-	f, err := strconv.ParseUint(rest[i+1:], 10, 64)
-	if err != nil || f == 0 {
-		return "", 0, false
-	}
-	return rest[:i], f, true
 }
 
 // check runs when a read timed out: it ends the epoch if an answer is
 // overdue, and pings a connection that has been silent for long.
-func (h *hub) check(ps *goredis.PubSub, epoch uint64) {
+func (h *Hub) check(ps *goredis.PubSub, epoch uint64) {
 	h.mu.Lock()
 	if epoch != h.epoch || h.closed {
 		h.mu.Unlock()
@@ -529,7 +532,7 @@ func (h *hub) check(ps *goredis.PubSub, epoch uint64) {
 
 // endEpoch replaces the connection of epoch, if it is still the current one,
 // with a fresh PubSub, and wakes every waiter. It reports whether it did.
-func (h *hub) endEpoch(epoch uint64) bool {
+func (h *Hub) endEpoch(epoch uint64) bool {
 	h.mu.Lock()
 	if epoch != h.epoch || h.closed {
 		h.mu.Unlock()
@@ -547,7 +550,7 @@ func (h *hub) endEpoch(epoch uint64) bool {
 		h.stopLinger(w)
 		if len(w.waiters) > 0 {
 			w.rewake = true
-			w.wake()
+			w.wake("", false)
 			h.markDirty(w)
 		} else {
 			h.forgetIfIdle(w)
@@ -558,8 +561,8 @@ func (h *hub) endEpoch(epoch uint64) bool {
 	return true
 }
 
-// close stops both goroutines, waits for them and closes the connection.
-func (h *hub) close() error {
+// Close stops both goroutines, waits for them and closes the connection.
+func (h *Hub) Close() error {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -578,7 +581,7 @@ func (h *hub) close() error {
 	}
 	h.wg.Wait()
 	if err != nil {
-		return fmt.Errorf("redis: closing the pub/sub connection: %w", err)
+		return fmt.Errorf("%s: closing the pub/sub connection: %w", h.name, err)
 	}
 	return nil
 }
