@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -15,25 +14,12 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/etcd"
 	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/internal/servers/servertest"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if err := servers.CloseAll(); err != nil {
-		fmt.Fprintln(os.Stderr, "closing test servers:", err)
-		code = 1
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { servertest.Main(m) }
 
 // fastElection makes etcd's minimum lease TTL 1s (1.5 × the election
 // timeout, rounded up) instead of 2s; a single member never holds elections.

@@ -19,27 +19,14 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/internal/servers/servertest"
 	"github.com/dlock/dlock/redis"
 	"github.com/go-redsync/redsync/v4"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	goredis "github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if err := servers.CloseAll(); err != nil {
-		fmt.Fprintln(os.Stderr, "closing test servers:", err)
-		code = 1
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { servertest.Main(m) }
 
 // redisAddr returns the address of the test binary's shared Redis server.
 func redisAddr(t testing.TB) string {

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -15,9 +14,9 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/internal/servers/servertest"
 	"github.com/dlock/dlock/redlock"
 	goredis "github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
 // quiet drops go-redis's log lines: the fault tests make it log every
@@ -28,18 +27,7 @@ func (quiet) Printf(context.Context, string, ...any) {}
 
 func TestMain(m *testing.M) {
 	goredis.SetLogger(quiet{})
-	code := m.Run()
-	if err := servers.CloseAll(); err != nil {
-		fmt.Fprintln(os.Stderr, "closing test servers:", err)
-		code = 1
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	servertest.Main(m)
 }
 
 // cluster is a set of independent Redis servers started for one test, each

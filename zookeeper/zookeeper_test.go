@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"log"
 	"os"
@@ -15,24 +14,11 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/internal/servers/servertest"
 	"github.com/go-zookeeper/zk"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if err := servers.CloseAll(); err != nil {
-		fmt.Fprintln(os.Stderr, "closing test servers:", err)
-		code = 1
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { servertest.Main(m) }
 
 // fastConfig is the test servers' zoo.cfg: a 20ms tick, so that sessions
 // expire within 20ms of their timeout, and session timeouts from 100ms (the
