@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
 
 	"github.com/dlock/dlock"
@@ -66,13 +65,7 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 	if v, ok := p.Take(paramPrefix); ok {
 		opts.KeyPrefix = v
 	}
-	if v, ok := p.Take(paramCompat); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			p.Fail(invalid("URL parameter %s=%q is not a boolean", paramCompat, v))
-		}
-		opts.Compat = b
-	}
+	opts.Compat, _ = p.TakeBool(paramCompat)
 	tlsp := p.TakeTLS()
 	if p.Err != nil {
 		return nil, nil, p.Err

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -104,13 +103,7 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	if v, ok := p.Take(paramPrefix); ok {
 		opts.KeyPrefix = v
 	}
-	if v, ok := p.Take(paramCompat); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			p.Fail(invalid("URL parameter %s=%q is not a boolean", paramCompat, v))
-		}
-		opts.Compat = b
-	}
+	opts.Compat, _ = p.TakeBool(paramCompat)
 	for key, dst := range map[string]*time.Duration{paramNodeTimeout: &opts.NodeTimeout, paramDrift: &opts.Drift} {
 		if v, ok := p.Take(key); ok {
 			d, err := time.ParseDuration(v)

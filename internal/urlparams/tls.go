@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
-	"strconv"
 
 	"github.com/dlock/dlock"
 )
@@ -34,13 +33,7 @@ func (p *Params) TakeTLS() TLS {
 	t.Cert, _ = p.Take(TLSCert)
 	t.Key, _ = p.Take(TLSKey)
 	t.ServerName, _ = p.Take(TLSServerName)
-	if v, ok := p.Take(TLSSkipVerify); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			p.Fail(p.invalid("URL parameter %s=%q is not a boolean", TLSSkipVerify, v))
-		}
-		t.SkipVerify = b
-	}
+	t.SkipVerify, _ = p.TakeBool(TLSSkipVerify)
 	if (t.Cert == "") != (t.Key == "") {
 		p.Fail(p.invalid("%s and %s go together", TLSCert, TLSKey))
 	}

@@ -6,6 +6,7 @@ package urlparams
 import (
 	"errors"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -35,6 +36,21 @@ func (p *Params) Take(key string) (string, bool) {
 		return "", false
 	}
 	return vals[0], true
+}
+
+// TakeBool is Take for a boolean (strconv.ParseBool's forms). A value that
+// is not one is an error (in Err), and reported as absent.
+func (p *Params) TakeBool(key string) (value, ok bool) {
+	v, ok := p.Take(key)
+	if !ok {
+		return false, false
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		p.Fail(p.invalid("URL parameter %s=%q is not a boolean", key, v))
+		return false, false
+	}
+	return b, true
 }
 
 // Fail records err unless an earlier problem was recorded.

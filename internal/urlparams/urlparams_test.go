@@ -65,3 +65,20 @@ func TestRedact(t *testing.T) {
 		t.Errorf("RedactText without userinfo = %q, want x", got)
 	}
 }
+
+func TestTakeBool(t *testing.T) {
+	q, _ := url.ParseQuery("a=true&b=0&c=maybe")
+	p := urlparams.Params{Q: q, Driver: "test"}
+	if v, ok := p.TakeBool("a"); !v || !ok {
+		t.Errorf("TakeBool(a=true) = %v, %v", v, ok)
+	}
+	if v, ok := p.TakeBool("b"); v || !ok {
+		t.Errorf("TakeBool(b=0) = %v, %v", v, ok)
+	}
+	if _, ok := p.TakeBool("missing"); ok || p.Err != nil {
+		t.Errorf("TakeBool(missing) = _, %v with Err %v", ok, p.Err)
+	}
+	if _, ok := p.TakeBool("c"); ok || !errors.Is(p.Err, dlock.ErrInvalid) || !strings.Contains(p.Err.Error(), `c="maybe"`) {
+		t.Errorf("TakeBool(c=maybe) = _, %v with Err %v; want absent and an ErrInvalid naming it", ok, p.Err)
+	}
+}
