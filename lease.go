@@ -41,14 +41,15 @@ type Lease struct {
 	refreshStopped bool          // set by Release: the watchdog sends no more
 	backoff        time.Duration // the watchdog's delay after a failed refresh
 
-	ctx    context.Context
+	ctx    context.Context // made by the first call of Context
 	cancel context.CancelCauseFunc
 
-	// Background work runs on timers, not on a goroutine of its own: a lease
-	// that lives shorter than its refresh interval costs no goroutine.
-	deadline      *time.Timer // ends the lease at ValidUntil
-	tick          *time.Timer // the watchdog; nil with NoRefresh
-	refreshCtx    context.Context
+	// Background work runs on the locker's scheduler, not on a goroutine or
+	// timer of its own: a lease that lives shorter than its refresh interval
+	// costs neither.
+	deadline      *task              // ends the lease at ValidUntil
+	tick          *task              // the watchdog; nil with NoRefresh
+	refreshCtx    context.Context    // made by the first watchdog refresh
 	cancelRefresh context.CancelFunc // aborts a refresh in flight once the lease ended
 }
 
@@ -63,20 +64,20 @@ func newLease(l *locker, req Request, o Options, g *Grant, sent time.Time) *Leas
 		ls.ttl = g.TTL
 	}
 	ls.validUntil = validUntil(sent, req.TTL, g)
-	ls.ctx, ls.cancel = context.WithCancelCause(context.Background())
-	ls.refreshCtx, ls.cancelRefresh = context.WithCancel(context.Background())
 	return ls
 }
 
-// start arms the lease's timers (and watches the driver's loss signal, if
-// any). Their callbacks are counted in the locker's background group while
-// they run, so Close can wait for them.
+// start schedules the lease's timed tasks (and watches the driver's loss
+// signal, if any). The tasks are counted in the locker's background group
+// while they run, so Close can wait for them.
 func (ls *Lease) start(sent time.Time) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.deadline = time.AfterFunc(time.Until(ls.validUntil), ls.onDeadline)
+	ls.deadline = newTask(ls.onDeadline)
+	ls.l.sched.schedule(ls.deadline, ls.validUntil)
 	if !ls.opts.NoRefresh {
-		ls.tick = time.AfterFunc(time.Until(sent.Add(ls.interval())), ls.onTick)
+		ls.tick = newTask(ls.onTick)
+		ls.l.sched.schedule(ls.tick, sent.Add(ls.interval()))
 	}
 	if ls.lost != nil {
 		ls.l.bg.Add(1)
@@ -91,7 +92,7 @@ func (ls *Lease) start(sent time.Time) {
 	}
 }
 
-// enter registers a running timer callback; it returns false once the lease
+// enter registers a running timed task; it returns false once the lease
 // has ended, so no callback starts after that.
 func (ls *Lease) enter() bool {
 	ls.mu.Lock()
@@ -112,7 +113,7 @@ func (ls *Lease) onDeadline() {
 	ls.mu.Lock()
 	left := time.Until(ls.validUntil)
 	if left > 0 { // a refresh moved it meanwhile
-		ls.deadline.Reset(left)
+		ls.l.sched.schedule(ls.deadline, ls.validUntil)
 	}
 	ls.mu.Unlock()
 	if left <= 0 {
@@ -122,7 +123,7 @@ func (ls *Lease) onDeadline() {
 
 // onTick is the watchdog: one refresh bounded by ValidUntil, then the next
 // one scheduled (sooner, with backoff, after a failure that did not lose the
-// lock). The deadline timer fires meanwhile if the refresh hangs.
+// lock). The deadline task runs meanwhile if the refresh hangs.
 func (ls *Lease) onTick() {
 	if !ls.enter() {
 		return
@@ -131,12 +132,16 @@ func (ls *Lease) onTick() {
 	ls.ops <- struct{}{}
 	ls.mu.Lock()
 	stopped, until, ttl := ls.refreshStopped || ls.err != nil, ls.validUntil, ls.ttl
+	if !stopped && ls.refreshCtx == nil {
+		ls.refreshCtx, ls.cancelRefresh = context.WithCancel(context.Background())
+	}
+	rctx := ls.refreshCtx
 	ls.mu.Unlock()
 	if stopped {
 		<-ls.ops
 		return
 	}
-	ctx, cancel := context.WithDeadline(ls.refreshCtx, until)
+	ctx, cancel := context.WithDeadline(rctx, until)
 	err := ls.refresh(ctx, ttl)
 	cancel()
 	<-ls.ops
@@ -146,7 +151,7 @@ func (ls *Lease) onTick() {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err == nil && !ls.refreshStopped {
-		ls.tick.Reset(jitter(ls.backoff))
+		ls.l.sched.schedule(ls.tick, time.Now().Add(jitter(ls.backoff)))
 		ls.backoff = min(2*ls.backoff, ls.opts.RetryMax)
 	}
 }
@@ -195,7 +200,17 @@ func (ls *Lease) Err() error {
 
 // Context is cancelled when the lease ends, with Err as its cause: bind work
 // that must stop when the lock is lost to it.
-func (ls *Lease) Context() context.Context { return ls.ctx }
+func (ls *Lease) Context() context.Context {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.ctx == nil {
+		ls.ctx, ls.cancel = context.WithCancelCause(context.Background())
+		if ls.err != nil {
+			ls.cancel(ls.err)
+		}
+	}
+	return ls.ctx
+}
 
 // Refresh extends the lock to ttl from now (zero: the lease's TTL) and moves
 // ValidUntil. It fails with an error matching ErrNotHeld when the lease has
@@ -264,10 +279,10 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.ttl = granted
 	ls.validUntil = validUntil(sent, ttl, &Grant{TTL: granted, Drift: ls.drift})
-	ls.deadline.Reset(time.Until(ls.validUntil))
+	ls.l.sched.schedule(ls.deadline, ls.validUntil)
 	ls.backoff = ls.opts.RetryMin
 	if ls.tick != nil && !ls.refreshStopped {
-		ls.tick.Reset(time.Until(sent.Add(ls.interval())))
+		ls.l.sched.schedule(ls.tick, sent.Add(ls.interval()))
 	}
 	return nil
 }
@@ -295,7 +310,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	ls.mu.Lock()
 	ls.refreshStopped = true
 	if ls.tick != nil {
-		ls.tick.Stop()
+		ls.l.sched.cancel(ls.tick)
 	}
 	ls.mu.Unlock()
 	if err := ls.lockOps(ctx); err != nil {
@@ -355,13 +370,18 @@ func (ls *Lease) end(err error) {
 	// Cancel the context before closing Done, so that whoever sees Done
 	// closed also finds Context cancelled. (Cancelling only cancels child
 	// contexts; AfterFunc callbacks run in goroutines of their own.)
-	ls.cancel(err)
-	close(ls.done)
-	ls.deadline.Stop()
-	if ls.tick != nil {
-		ls.tick.Stop()
+	if ls.cancel != nil {
+		ls.cancel(err)
 	}
+	close(ls.done)
+	ls.l.sched.cancel(ls.deadline)
+	if ls.tick != nil {
+		ls.l.sched.cancel(ls.tick)
+	}
+	cancelRefresh := ls.cancelRefresh
 	ls.mu.Unlock()
-	ls.cancelRefresh()
+	if cancelRefresh != nil {
+		cancelRefresh()
+	}
 	ls.l.forget(ls)
 }

@@ -81,7 +81,8 @@ type locker struct {
 	closed   bool
 	inflight sync.WaitGroup // acquisitions under way
 	leases   map[*Lease]struct{}
-	bg       sync.WaitGroup // leases' timer callbacks while they run, abandons
+	bg       sync.WaitGroup // leases' timed tasks while they run, abandons
+	sched    sched          // the leases' timed work
 }
 
 func (l *locker) Capabilities() Capabilities { return l.caps }
@@ -327,8 +328,9 @@ func (l *locker) Close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	// Every lease has ended, so no timer callback starts any more; wait for
+	// Every lease has ended, so no timed task starts any more; wait for
 	// those still running.
+	l.sched.close()
 	l.bg.Wait()
 	return errors.Join(append(errs, l.d.Close())...)
 }

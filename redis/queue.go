@@ -95,8 +95,9 @@ func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wai
 //
 //   - a grant message to its token: the lock is held already (the release
 //     script set it to the token), with the fence from the message;
-//   - any other message on the channel (a release with nobody queued, or the
-//     pub/sub connection lost): it runs acquire.lua again;
+//   - any other message on the channel (a release that found only dead
+//     entries queued, or the pub/sub connection lost): it runs acquire.lua
+//     again;
 //   - the holder's remaining TTL, or lifetime/3, whichever is sooner: it runs
 //     acquire.lua again, which renews the entry and takes over from a holder
 //     that expired without releasing (handing the lock to the first live
@@ -209,7 +210,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 		case <-ctx.Done():
 			return nil, done()
 		case <-c:
-			// Our grant, or else anything (a release with nobody queued, a
+			// Our grant, or else anything (a release past dead entries, a
 			// lost connection, a stale grant): look again.
 			if f := x.fence.Load(); f > known {
 				return withSent(d.grant(keys, token, millis(req.TTL), f), floor), nil

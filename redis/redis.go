@@ -116,7 +116,8 @@
 //	                waiter; the TTL is the one the waiter asked for
 //	P{N}:released   pub/sub channel: "g:<token>:<fence>" when a release or
 //	                an expiry takeover hands the lock to a waiter, an empty
-//	                message on a release with nobody (live) queued
+//	                message on a release that found only dead entries queued
+//	                (nothing when the queue is empty: nobody waits then)
 //
 // A waiter's entry lives lifetime = max(TTL, 1s) after its last renewal;
 // waiting, it renews it at least every lifetime/3. Dead entries are dropped

@@ -16,8 +16,13 @@
 -- lock handed to it meanwhile). When it deletes the lock it pops the
 -- first live waiter (deadline not passed; dead entries on the way are
 -- dropped), sets the lock to that waiter's token with its TTL, INCRs the
--- counter and publishes "g:<token>:<fence>"; with no live waiter it
--- publishes an empty message, as in the compat layout.
+-- counter and publishes "g:<token>:<fence>". When the queue holds only dead
+-- entries it deletes the lock and publishes an empty message, as in the
+-- compat layout, so that a waiter whose entry lapsed (a pause longer than its
+-- lifetime) looks again at once. With the queue empty it publishes nothing:
+-- every default-layout waiter is queued (acquire.lua enqueues it in the same
+-- call that finds the lock busy), so no one listens, and a PUBLISH costs as
+-- much as the rest of the script.
 --
 -- A failed PUBLISH (an ACL user without rights on the channel) does not fail
 -- the release, which has happened by then: waiters fall back to polling.
@@ -41,28 +46,30 @@ end
 -- A holder has no entry: every grant removes the grantee's (acquire.lua
 -- when it grants the caller, the handoffs when they pop the head).
 local head = redis.call("ZRANGE", KEYS[3], 0, 0)
-if #head > 0 then
-	local t = redis.call("TIME")
-	local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-	for _ = 1, 100 do
-		if #head == 0 then
-			break
-		end
-		local w = head[1]
-		local e = redis.call("HGET", KEYS[4], w)
-		redis.call("ZREM", KEYS[3], w)
-		redis.call("HDEL", KEYS[4], w)
-		if e then
-			local deadline, ttl = string.match(e, "^(%d+) (%d+)$")
-			if deadline and tonumber(deadline) >= now then
-				redis.call("SET", KEYS[1], w, "PX", ttl)
-				local f = redis.call("INCR", KEYS[2])
-				redis.pcall("PUBLISH", KEYS[1] .. ":released", string.format("g:%s:%d", w, f))
-				return 1
-			end
-		end
-		head = redis.call("ZRANGE", KEYS[3], 0, 0)
+if #head == 0 then
+	redis.call("DEL", KEYS[1])
+	return 1
+end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _ = 1, 100 do
+	if #head == 0 then
+		break
 	end
+	local w = head[1]
+	local e = redis.call("HGET", KEYS[4], w)
+	redis.call("ZREM", KEYS[3], w)
+	redis.call("HDEL", KEYS[4], w)
+	if e then
+		local deadline, ttl = string.match(e, "^(%d+) (%d+)$")
+		if deadline and tonumber(deadline) >= now then
+			redis.call("SET", KEYS[1], w, "PX", ttl)
+			local f = redis.call("INCR", KEYS[2])
+			redis.pcall("PUBLISH", KEYS[1] .. ":released", string.format("g:%s:%d", w, f))
+			return 1
+		end
+	end
+	head = redis.call("ZRANGE", KEYS[3], 0, 0)
 end
 redis.call("DEL", KEYS[1])
 redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
