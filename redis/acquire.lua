@@ -25,6 +25,9 @@
 -- ARGV[3]  wait_ms: 0 never enqueues (TryAcquire); > 0 enqueues the caller
 --          when the lock is held (keeping its place if it is queued
 --          already) and makes its entry live until now + wait_ms
+-- ARGV[4]  with wait_ms > 0: the caller's grant channel, on which a lock
+--          handed to it is announced (its Locker's own channel, so that a
+--          grant reaches that one connection, not every waiter's)
 --
 -- Returns an array:
 --   {1, fence}              acquired by this call; fence is the new token
@@ -37,8 +40,10 @@
 -- The counter is the current holder's fence: every grant SETs the lock and
 -- INCRs the counter in one script, and nothing else changes either.
 --
--- The release channel KEYS[1] .. ":released" gets "g:<token>:<fence>" when
--- this script hands the lock to a waiter.
+-- A waiter's entry is "deadline_ms ttl_ms channel". When this script hands
+-- the lock to a waiter it publishes "g:<token>:<fence>" on the waiter's
+-- channel (the release channel KEYS[1] .. ":released" for an entry without
+-- one).
 if not KEYS[2] then
 	if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
 		return 1
@@ -71,16 +76,16 @@ end
 if not cur then
 	-- Free, with waiters queued: drop dead entries at the head (bounded),
 	-- then grant to the caller if it is first, else hand to the first.
-	local first, firstTTL
+	local first, firstTTL, firstChannel
 	for _ = 1, 100 do
 		if #head == 0 then
 			break
 		end
 		local e = redis.call("HGET", KEYS[4], head[1])
 		if e then
-			local deadline, ttl = string.match(e, "^(%d+) (%d+)$")
+			local deadline, ttl, ch = string.match(e, "^(%d+) (%d+) ?(.*)$")
 			if deadline and tonumber(deadline) >= now then
-				first, firstTTL = head[1], ttl
+				first, firstTTL, firstChannel = head[1], ttl, ch
 				break
 			end
 		end
@@ -102,13 +107,16 @@ if not cur then
 	local f = redis.call("INCR", KEYS[2])
 	redis.call("ZREM", KEYS[3], first)
 	redis.call("HDEL", KEYS[4], first)
-	redis.pcall("PUBLISH", KEYS[1] .. ":released", string.format("g:%s:%d", first, f))
+	if firstChannel == "" then
+		firstChannel = KEYS[1] .. ":released"
+	end
+	redis.pcall("PUBLISH", firstChannel, string.format("g:%s:%d", first, f))
 end
 
 local wait = tonumber(ARGV[3])
 if wait > 0 then
 	redis.call("ZADD", KEYS[3], "NX", string.format("%d", tonumber(t[1]) * 1000000 + tonumber(t[2])), token)
-	redis.call("HSET", KEYS[4], token, string.format("%d %s", now + wait, ARGV[2]))
+	redis.call("HSET", KEYS[4], token, string.format("%d %s %s", now + wait, ARGV[2], ARGV[4] or ""))
 	-- The keys outlive every entry's deadline, so that entries of dead
 	-- waiters vanish with them even if no one comes to clean up.
 	for k = 3, 4 do

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 const (
@@ -61,7 +62,13 @@ type reply struct {
 func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wait time.Duration) (reply, error) {
 	px := millis(ttl)
 	r := reply{px: px}
-	v, err := acquireScript.Run(ctx, d.c, keys, token, px, millis(wait)).Int64Slice()
+	var cmd *goredis.Cmd
+	if wait > 0 {
+		cmd = acquireScript.Run(ctx, d.c, keys, token, px, millis(wait), d.grants)
+	} else {
+		cmd = acquireScript.Run(ctx, d.c, keys, token, px, 0)
+	}
+	v, err := cmd.Int64Slice()
 	if err == nil && (len(v) < 2 || (v[0] == replyBusy && len(v) < 3)) {
 		err = fmt.Errorf("unexpected reply %v", v)
 	}
@@ -86,15 +93,17 @@ func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wai
 // Acquire waits in the server-side queue of req.Name until the lock is
 // handed to req.Token or ctx ends.
 //
-// It watches the release channel first (a confirmed subscription, so that no
-// grant message can be missed; a channel that lingers subscribed from an
-// earlier wait costs nothing, and on a channel not subscribed yet it first
-// makes one attempt that does not enqueue, so that a free lock costs one
-// round trip), then runs acquire.lua, which grants, or enqueues the token
-// with an entry that lives lifetime = max(TTL, 1s). It then waits for:
+// It watches the Locker's grant channel and the name's release channel
+// first (confirmed subscriptions, so that no grant message can be missed;
+// channels that linger subscribed from an earlier wait cost nothing, and
+// when one is not subscribed yet it first makes one attempt that does not
+// enqueue, so that a free lock costs one round trip), then runs acquire.lua,
+// which grants, or enqueues the token with an entry that lives lifetime =
+// max(TTL, 1s) and names the grant channel. It then waits for:
 //
-//   - a grant message to its token: the lock is held already (the release
-//     script set it to the token), with the fence from the message;
+//   - a grant message to its token, on the grant channel: the lock is held
+//     already (the release script set it to the token), with the fence from
+//     the message;
 //   - any other message on the channel (a release that found only dead
 //     entries queued, or the pub/sub connection lost): it runs acquire.lua
 //     again;
@@ -129,7 +138,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 	)
 	defer func() {
 		if x != nil {
-			x.x.Stop()
+			x.Stop()
 		}
 		if err != nil && sentAny {
 			q.leave(ctx, keys, token, req.TTL)
@@ -151,7 +160,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 		return errors.Join(dlock.ErrNotAcquired, ctx.Err(), lastErr)
 	}
 
-	if !d.hub.Ready(channel) {
+	if !d.hub.Ready(channel) || !d.hub.Ready(d.grants) {
 		r, sent, err := run(0)
 		if err == nil && r.kind != replyBusy {
 			return d.waitGrant(keys, token, r, sent, floor), nil

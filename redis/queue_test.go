@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -378,6 +379,90 @@ func TestHandoffFoundWithoutMessage(t *testing.T) {
 		t.Errorf("fence %d; want %d, the handoff's", f, fence)
 	}
 	if err := r.ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertNoQueue(t, raw, key)
+}
+
+// A handoff is announced to the grantee's Locker alone: on that Locker's
+// grant channel (P grants:<id>, named in the waiter's entry), and on no other
+// Locker's channel nor on the name's release channel. Three Lockers wait;
+// a pattern subscriber sees exactly one grant message per handoff, then a
+// marker published after the release returned.
+func TestGrantReachesOnlyTheGrantee(t *testing.T) {
+	ctx := testCtx(t)
+	addr := redisAddr(t)
+	raw := newClient(t, addr)
+	p := testPrefix(t, raw)
+	key := p + "{solo}"
+	holder := newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p})
+	ls, err := holder.TryAcquire(ctx, "solo", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := raw.PSubscribe(ctx, p+"*")
+	defer sub.Close()
+	if _, err := sub.ReceiveTimeout(ctx, 5*time.Second); err != nil { // the confirmation
+		t.Fatal(err)
+	}
+
+	const n = 3
+	waits := make([]<-chan result, n)
+	for i := range waits {
+		waits[i] = acquireAsync(ctx, newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p}), "solo", nil)
+		waitQueued(t, raw, key, int64(i+1))
+	}
+	entries, err := raw.HGetAll(ctx, key+":waiters").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	channels := map[string]string{} // token -> grant channel
+	for tok, e := range entries {
+		var deadline, ttl int64
+		var ch string
+		if _, err := fmt.Sscanf(e, "%d %d %s", &deadline, &ttl, &ch); err != nil || !strings.HasPrefix(ch, p+"grants:") {
+			t.Fatalf("entry %q = %q (%v); want \"deadline ttl %sgrants:<id>\"", tok, e, err, p)
+		}
+		channels[tok] = ch
+	}
+	if len(channels) != n {
+		t.Fatalf("%d waiter entries, want %d", len(channels), n)
+	}
+
+	for i := range n {
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-waits[i]
+		if r.err != nil {
+			t.Fatalf("waiter %d: %v", i, r.err)
+		}
+		ls = r.ls
+		if err := raw.Publish(ctx, p+"marker", "m").Err(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			msg, err := sub.ReceiveTimeout(ctx, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, ok := msg.(*goredis.Message)
+			if !ok {
+				continue
+			}
+			if m.Channel == p+"marker" {
+				break
+			}
+			got = append(got, m.Channel+" "+m.Payload)
+		}
+		fence, _ := ls.Fence()
+		want := fmt.Sprintf("%s g:%s:%d", channels[ls.Token()], ls.Token(), fence)
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("handoff %d: messages %q; want only %q", i, got, want)
+		}
+	}
+	if err := ls.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	assertNoQueue(t, raw, key)

@@ -62,8 +62,10 @@
 // A waiter enqueues itself (in the order the server sees its requests) and
 // keeps its entry alive; a release hands the lock straight to the first
 // live waiter (the release script sets the lock to that waiter's token and
-// counts its fence) and PUBLISHes a grant message that only that waiter
-// acts on: no herd, and no further round trip before the waiter holds it.
+// counts its fence) and PUBLISHes a grant message on the channel of that
+// waiter's Locker, which hands it to that waiter alone: no herd (a grant
+// reaches one connection, however many processes wait), and no further
+// round trip before the waiter holds it.
 // A holder that expires without releasing is taken over by the first live
 // waiter, whichever waiter (or TryAcquire) finds the lock free first: a
 // TryAcquire never takes a lock ahead of a live waiter, and never enqueues.
@@ -80,8 +82,8 @@
 // retry when the holder's remaining TTL (read with the failed attempt) has
 // passed. Locks are not granted in arrival order.
 //
-// Both use one pub/sub connection per Locker. A release channel stays
-// subscribed for 2s after its last waiter left (at most 1024 channels at a
+// Both use one pub/sub connection per Locker. A channel stays subscribed
+// for 2s after its last waiter left (at most 1024 channels at a
 // time), so that a name taken in a loop costs no SUBSCRIBE per wait. If the
 // connection fails, waiters are woken to look again (a default-layout waiter
 // finds there a lock handed to it meanwhile), the connection is replaced and
@@ -111,13 +113,16 @@
 //	P{N}:queue      sorted set: the waiting tokens, scored by arrival (the
 //	                server's TIME in µs at the first enqueue; renewals keep
 //	                the place)
-//	P{N}:waiters    hash: token -> "deadline_ms ttl_ms", a waiter's entry:
-//	                live until deadline (server time), renewed by the
-//	                waiter; the TTL is the one the waiter asked for
-//	P{N}:released   pub/sub channel: "g:<token>:<fence>" when a release or
-//	                an expiry takeover hands the lock to a waiter, an empty
-//	                message on a release that found only dead entries queued
-//	                (nothing when the queue is empty: nobody waits then)
+//	P{N}:waiters    hash: token -> "deadline_ms ttl_ms channel", a waiter's
+//	                entry: live until deadline (server time), renewed by the
+//	                waiter; the TTL is the one the waiter asked for; the
+//	                grant channel of the waiter's Locker
+//	Pgrants:<id>    pub/sub channel of one Locker (id: 64 random bits):
+//	                "g:<token>:<fence>" when a release or an expiry takeover
+//	                hands a lock to one of its waiters
+//	P{N}:released   pub/sub channel: an empty message on a release that
+//	                found only dead entries queued (nothing when the queue is
+//	                empty: nobody waits then)
 //
 // A waiter's entry lives lifetime = max(TTL, 1s) after its last renewal;
 // waiting, it renews it at least every lifetime/3. Dead entries are dropped
@@ -140,7 +145,7 @@
 // Compat layout (Options.Compat, URL compat=true), with P defaulting to "":
 //
 //	PN              string: the lease token, SET NX PX, compare-and-delete
-//	PN:released     pub/sub channel, as above
+//	PN:released     pub/sub channel: an empty message on every release
 //
 // This is the layout of github.com/go-redsync/redsync/v4 (one pool) and
 // github.com/bsm/redislock, so dlock, redsync and redislock locks on the same
@@ -154,7 +159,9 @@ package redis
 
 import (
 	"context"
+	crand "crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -236,6 +243,7 @@ func newLocker(client goredis.UniversalClient, opts *Options, ownsClient bool) (
 		d.prefix = DefaultKeyPrefix
 	}
 	d.hub = redishub.New(client, "redis", routeGrant)
+	d.grants = d.prefix + "grants:" + newID()
 	if d.compat {
 		return dlock.New(d, &o.Lock)
 	}
@@ -248,7 +256,15 @@ type driver struct {
 	compat     bool
 	ownsClient bool
 	hub        *redishub.Hub
+	grants     string         // default layout: this Locker's grant channel
 	bg         sync.WaitGroup // leaves still running after their Acquire returned
+}
+
+// newID returns 64 random bits, hex-encoded: a Locker's grant channel.
+func newID() string {
+	var b [8]byte
+	_, _ = crand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
 }
 
 func (d *driver) Capabilities() dlock.Capabilities {
@@ -354,29 +370,40 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 	return c, x.Stop, nil
 }
 
-// grantWatch is a queued waiter's watch of its release channel: a grant
-// message to its token (the hub routes those to it alone), or any message
-// that is not a grant, signals c.
+// grantWatch is a queued waiter's watch of its Locker's grant channel and
+// of the name's release channel: a grant message to its token (the hub
+// routes those to it alone), or any message on the release channel that is
+// not a grant, signals c.
 type grantWatch struct {
-	x     *redishub.Watcher
-	c     chan struct{}
-	fence atomic.Uint64 // the highest fence of the grants to the token; 0: none
+	grants, released *redishub.Watcher
+	c                chan struct{}
+	fence            atomic.Uint64 // the highest fence of the grants to the token; 0: none
 }
 
 func (d *driver) watchGrants(ctx context.Context, channel, token string) (*grantWatch, error) {
 	g := &grantWatch{c: make(chan struct{}, 1)}
-	x, err := d.hub.Watch(ctx, channel, token, func(payload string, _ bool) {
+	notify := func(payload string, _ bool) {
 		// Called one at a time, under the hub's lock.
 		if _, f, ok := parseGrant(payload); ok && f > g.fence.Load() {
 			g.fence.Store(f)
 		}
 		redishub.Signal(g.c)
-	})
-	if err != nil {
+	}
+	var err error
+	if g.grants, err = d.hub.Watch(ctx, d.grants, token, notify); err != nil {
 		return nil, err
 	}
-	g.x = x
+	if g.released, err = d.hub.Watch(ctx, channel, token, notify); err != nil {
+		g.grants.Stop()
+		return nil, err
+	}
 	return g, nil
+}
+
+// Stop ends both watches.
+func (g *grantWatch) Stop() {
+	g.grants.Stop()
+	g.released.Stop()
 }
 
 // routeGrant gives a grant message, "g:<token>:<fence>" (a lock handed by

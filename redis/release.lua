@@ -16,7 +16,8 @@
 -- lock handed to it meanwhile). When it deletes the lock it pops the
 -- first live waiter (deadline not passed; dead entries on the way are
 -- dropped), sets the lock to that waiter's token with its TTL, INCRs the
--- counter and publishes "g:<token>:<fence>". When the queue holds only dead
+-- counter and publishes "g:<token>:<fence>" on the waiter's grant channel
+-- (its entry is "deadline_ms ttl_ms channel"; see acquire.lua). When the queue holds only dead
 -- entries it deletes the lock and publishes an empty message, as in the
 -- compat layout, so that a waiter whose entry lapsed (a pause longer than its
 -- lifetime) looks again at once. With the queue empty it publishes nothing:
@@ -61,11 +62,14 @@ for _ = 1, 100 do
 	redis.call("ZREM", KEYS[3], w)
 	redis.call("HDEL", KEYS[4], w)
 	if e then
-		local deadline, ttl = string.match(e, "^(%d+) (%d+)$")
+		local deadline, ttl, ch = string.match(e, "^(%d+) (%d+) ?(.*)$")
 		if deadline and tonumber(deadline) >= now then
 			redis.call("SET", KEYS[1], w, "PX", ttl)
 			local f = redis.call("INCR", KEYS[2])
-			redis.pcall("PUBLISH", KEYS[1] .. ":released", string.format("g:%s:%d", w, f))
+			if ch == "" then
+				ch = KEYS[1] .. ":released"
+			end
+			redis.pcall("PUBLISH", ch, string.format("g:%s:%d", w, f))
 			return 1
 		end
 	end
