@@ -88,6 +88,17 @@ type Grant struct {
 	Drift time.Duration
 }
 
+// LossNotifier is implemented by Handles that can report the loss of their
+// lock through a callback, in addition to closing Grant.Lost. The Locker then
+// watches the lease without a goroutine of its own.
+type LossNotifier interface {
+	// OnLost registers f, called once when the driver learns that the lock
+	// is gone (when it closes Grant.Lost), at once if that has happened
+	// already. The Locker calls OnLost once, holding none of its locks; f
+	// does not block and calls nothing of the driver's.
+	OnLost(f func())
+}
+
 // Handle is the driver's side of one held lease.
 type Handle interface {
 	// Refresh extends the lock to ttl from now and returns the TTL granted

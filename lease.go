@@ -79,6 +79,9 @@ func (ls *Lease) start(sent time.Time) {
 		ls.tick = newTask(ls.onTick)
 		ls.l.sched.schedule(ls.tick, sent.Add(ls.interval()))
 	}
+	if _, ok := ls.h.(LossNotifier); ok {
+		return // see watchLoss
+	}
 	if ls.lost != nil {
 		ls.l.bg.Add(1)
 		go func() {
@@ -89,6 +92,16 @@ func (ls *Lease) start(sent time.Time) {
 			case <-ls.done:
 			}
 		}()
+	}
+}
+
+// watchLoss registers the lease's end with a driver that reports loss by
+// callback; the lease must not be locked.
+func (ls *Lease) watchLoss() {
+	if n, ok := ls.h.(LossNotifier); ok {
+		n.OnLost(func() {
+			ls.end(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
+		})
 	}
 }
 

@@ -286,6 +286,7 @@ func (l *locker) newLease(req Request, o Options, g *Grant, sent time.Time) (*Le
 	l.leases[ls] = struct{}{}
 	ls.start(sent)
 	l.mu.Unlock()
+	ls.watchLoss()
 	return ls, nil
 }
 

@@ -30,6 +30,7 @@ type lease struct {
 	pid      int32  // the backend that holds the lock
 	prevIdle string // idle_session_timeout before the lease
 	lost     chan struct{}
+	onLost   func() // called once lost is closed (dlock.LossNotifier); under mu
 
 	mu       sync.Mutex
 	busy     bool          // a statement is running
@@ -160,6 +161,29 @@ func (h *lease) watch(watched chan struct{}) {
 	}
 }
 
+// OnLost implements dlock.LossNotifier: f is called when the lease gives its
+// connection up (see giveUp), at once if it has already.
+func (h *lease) OnLost(f func()) {
+	h.mu.Lock()
+	given := h.gone && isClosed(h.lost)
+	if !given {
+		h.onLost = f
+	}
+	h.mu.Unlock()
+	if given {
+		f()
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
 // giveUp ends the lease as lost: it signals the loss, stops the timers and
 // the watcher, and closes the connection (its session, and the lock, end)
 // before handing it back to the pool, which drops it. It does nothing the
@@ -182,9 +206,13 @@ func (h *lease) giveUpLocked() {
 	}
 	h.gone = true
 	close(h.lost)
+	onLost := h.onLost
 	h.timer.Stop()
 	watched := h.stopWatch()
 	h.mu.Unlock()
+	if onLost != nil {
+		onLost()
+	}
 	if watched != nil {
 		<-watched
 	}
@@ -306,8 +334,7 @@ func (h *lease) Release(ctx context.Context) error {
 	}
 	var pid int32
 	var unlocked *bool
-	var idle *string
-	err := h.c.QueryRow(ctx, releaseSQL, h.pid, h.key, h.prevIdle).Scan(&pid, &unlocked, &idle)
+	err := h.c.QueryRow(ctx, releaseSQL, h.pid, h.key, h.prevIdle).Scan(&pid, &unlocked)
 	if err != nil {
 		if h.fail(err) {
 			if ctx.Err() != nil {

@@ -337,11 +337,13 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 		checkPID: !o.SessionPooler,
 		leases:   make(map[*lease]struct{}),
 	}
-	next := "NULL::int8"
+	fence := "0::int8"
 	if d.fencing {
-		next = "nextval(" + d.fence.seqLit + ")"
+		fence = "nextval(" + d.fence.seqLit + ")"
 	}
-	d.acquireSQL = strings.ReplaceAll(acquireSQL, "{{fence}}", next)
+	sql := strings.ReplaceAll(acquireSQL, "{{fence}}", fence)
+	d.waitSQL = strings.ReplaceAll(sql, "{{lock}}", "pg_advisory_lock(hashtextextended($1, 0)) IS NOT NULL")
+	d.trySQL = strings.ReplaceAll(sql, "{{lock}}", "pg_try_advisory_lock(hashtextextended($1, 0))")
 	l, err := dlock.New(d, &o.Lock)
 	return l, d, err
 }
@@ -354,7 +356,8 @@ type driver struct {
 	fence    fenceObjects
 	checkPID bool // the backend pid must be the one of the startup message
 
-	acquireSQL string // acquire.sql with the fencing expression in place
+	waitSQL string // acquire.sql that waits, with the fencing expression in place
+	trySQL  string // acquire.sql that tries once
 
 	mu     sync.Mutex
 	closed bool
@@ -440,15 +443,13 @@ func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, 
 type acquireRow struct {
 	pid      int32
 	key      int64
-	locked   *bool
-	waited   float64
-	fence    *int64
 	prevIdle string
-	idle     *string
+	fence    *int64 // see acquire.sql: NULL, -1, or the grant's token
+	waited   float64
 }
 
 func (r *acquireRow) dest() []any {
-	return []any{&r.pid, &r.key, &r.locked, &r.waited, &r.fence, &r.prevIdle, &r.idle}
+	return []any{&r.pid, &r.key, &r.prevIdle, &r.fence, &r.waited}
 }
 
 // acquire makes one attempt on a connection from the pool: one
@@ -478,13 +479,13 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 			return nil, err
 		}
 	}
-	args := []any{d.prefix + req.Name, wait, pid, ms}
+	args := []any{d.prefix + req.Name, pid, ms}
 	var r acquireRow
 	sent := time.Now()
 	if wait {
 		var cancelled bool
 		cancelled, err = cancellable(ctx, pg, 0, func(qctx context.Context) error {
-			return c.QueryRow(qctx, d.acquireSQL, args...).Scan(r.dest()...)
+			return c.QueryRow(qctx, d.waitSQL, args...).Scan(r.dest()...)
 		})
 		if err == nil && cancelled {
 			// Granted as the wait was cancelled: closing the session gives
@@ -493,7 +494,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
 	} else {
-		err = c.QueryRow(ctx, d.acquireSQL, args...).Scan(r.dest()...)
+		err = c.QueryRow(ctx, d.trySQL, args...).Scan(r.dest()...)
 	}
 	recv := time.Now()
 	if err != nil {
@@ -509,16 +510,16 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 		return nil, fmt.Errorf("postgres: acquiring %q: %w", req.Name, err)
 	}
 	switch {
-	case r.locked == nil:
+	case r.fence == nil:
 		discard(c)
 		return nil, fmt.Errorf("%w: %w: connection started as backend %d, statement ran on backend %d", dlock.ErrNotAcquired, ErrPooler, pg.PID(), r.pid)
-	case !*r.locked:
+	case *r.fence < 0:
 		c.Release() // nothing changed on the session
 		return nil, dlock.Busy(0)
 	}
 	var fence uint64
 	if d.fencing {
-		if r.fence == nil || *r.fence <= 0 {
+		if *r.fence <= 0 {
 			discard(c)
 			return nil, fmt.Errorf("postgres: acquiring %q: no fencing token", req.Name)
 		}
