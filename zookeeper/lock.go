@@ -383,6 +383,7 @@ type handle struct {
 	lost chan struct{} // closed when the node's session ends
 
 	mu     sync.Mutex
+	onLost func()   // called once lost is closed (dlock.LossNotifier)
 	s      *session // holds a count for the handle while held
 	gen    *generation
 	ttl    time.Duration
@@ -420,10 +421,29 @@ func (h *handle) gone(g *generation) {
 	h.state = dropped
 	h.expiry.Stop()
 	s := h.s
-	h.mu.Unlock()
 	close(h.lost)
+	onLost := h.onLost
+	h.mu.Unlock()
+	if onLost != nil {
+		onLost()
+	}
 	h.d.untrack(h)
 	s.unref()
+}
+
+// OnLost implements dlock.LossNotifier: f is called when the node's session
+// ends (see gone), at once if it has already.
+func (h *handle) OnLost(f func()) {
+	h.mu.Lock()
+	select {
+	case <-h.lost:
+		h.mu.Unlock()
+		f()
+		return
+	default:
+	}
+	h.onLost = f
+	h.mu.Unlock()
 }
 
 // finish ends a held handle as released or dropped.
