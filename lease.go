@@ -24,6 +24,7 @@ type Lease struct {
 	hasFence bool
 	opts     Options
 	lost     <-chan struct{} // the driver's loss signal, may be nil
+	notifier LossNotifier    // the handle, when it reports loss by callback
 	drift    time.Duration   // from the grant, zero for the default
 
 	// ops serialises Refresh, Release and Held on the handle, so that the
@@ -63,6 +64,7 @@ func newLease(l *locker, req Request, o Options, g *Grant, sent time.Time) *Leas
 	if g.TTL > 0 {
 		ls.ttl = g.TTL
 	}
+	ls.notifier, _ = g.Handle.(LossNotifier)
 	ls.validUntil = validUntil(sent, req.TTL, g)
 	return ls
 }
@@ -79,10 +81,7 @@ func (ls *Lease) start(sent time.Time) {
 		ls.tick = newTask(ls.onTick)
 		ls.l.sched.schedule(ls.tick, sent.Add(ls.interval()))
 	}
-	if _, ok := ls.h.(LossNotifier); ok {
-		return // see watchLoss
-	}
-	if ls.lost != nil {
+	if ls.lost != nil && ls.notifier == nil { // else see watchLoss
 		ls.l.bg.Add(1)
 		go func() {
 			defer ls.l.bg.Done()
@@ -98,8 +97,8 @@ func (ls *Lease) start(sent time.Time) {
 // watchLoss registers the lease's end with a driver that reports loss by
 // callback; the lease must not be locked.
 func (ls *Lease) watchLoss() {
-	if n, ok := ls.h.(LossNotifier); ok {
-		n.OnLost(func() {
+	if ls.notifier != nil {
+		ls.notifier.OnLost(func() {
 			ls.end(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
 		})
 	}

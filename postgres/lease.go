@@ -165,23 +165,15 @@ func (h *lease) watch(watched chan struct{}) {
 // connection up (see giveUp), at once if it has already.
 func (h *lease) OnLost(f func()) {
 	h.mu.Lock()
-	given := h.gone && isClosed(h.lost)
-	if !given {
-		h.onLost = f
-	}
-	h.mu.Unlock()
-	if given {
-		f()
-	}
-}
-
-func isClosed(c chan struct{}) bool {
 	select {
-	case <-c:
-		return true
+	case <-h.lost:
+		h.mu.Unlock()
+		f()
+		return
 	default:
-		return false
 	}
+	h.onLost = f
+	h.mu.Unlock()
 }
 
 // giveUp ends the lease as lost: it signals the loss, stops the timers and
