@@ -12,12 +12,12 @@
 --   $3 text  the lease's idle_session_timeout, in milliseconds: the TTL.
 --
 -- Placeholders (in double braces), replaced once per Locker:
---   lock   pg_advisory_lock(hashtextextended($1, 0)) IS NOT NULL, which
---          waits in the server's FIFO lock queue until granted or cancelled
---          (Acquire), or pg_try_advisory_lock(hashtextextended($1, 0)), one
---          attempt (TryAcquire);
---   fence  nextval of the fencing sequence (see fence.go), or 0 without
---          fencing.
+--   take   the WHEN clauses that take the lock (see postgres.go): for
+--          Acquire, set the idle timeout, then wait in pg_advisory_lock, the
+--          server's FIFO queue, until granted or cancelled; for TryAcquire,
+--          one pg_try_advisory_lock, then set the idle timeout if granted.
+--   fence  (inside take) nextval of the fencing sequence (see fence.go), or
+--          0 without fencing.
 --
 -- Returns one row:
 --   pid        int4    pg_backend_pid()
@@ -29,20 +29,27 @@
 --   waited     float8  seconds from the statement's start to the end of the
 --                      grant, on the server's clock
 --
--- One Result node, no subquery: the statement costs little more than the
--- lock function itself. The target list is evaluated in order, so prev_idle
--- is read before the lock is taken and waited after. CASE evaluates a branch
--- only when its condition holds, so the session's idle_session_timeout is
--- set, and the fencing token taken, only once the lock is granted: tokens
--- follow grant order (the sequence only grows). A statement that fails (a
--- cancelled wait) rolls its set_config call back with its implicit
--- transaction.
+-- One Result node, no subquery. The target list is evaluated in order, so
+-- prev_idle is read before the lock is taken and waited after; CASE
+-- evaluates its conditions in order, and a branch only when its condition
+-- holds (set_config never returns NULL: those WHENs only order the calls).
+-- Little runs between the grant and the answer, since a contended lock is
+-- passed on no faster than its holders answer: the waiting variant sets the
+-- idle timeout before it queues (a session running a statement is not idle,
+-- and a failed statement rolls set_config back with its implicit
+-- transaction), and the fencing token, taken once the lock is granted so
+-- that tokens follow grant order, is the only work after the grant.
+--
+-- synchronous_commit is off for this statement's transaction alone: nextval
+-- writes WAL every 32nd value, and the commit would then wait for a flush
+-- while the lock is held. A crash may therefore take back the last values
+-- handed out; the fencing epoch (fence.go) moves the sequence past them.
 SELECT pg_backend_pid() AS pid,
        hashtextextended($1, 0) AS key,
        current_setting('idle_session_timeout') AS prev_idle,
        CASE WHEN $2 <> 0 AND pg_backend_pid() <> $2 THEN NULL
-            WHEN {{lock}} THEN
-              CASE WHEN set_config('idle_session_timeout', $3, false) IS NOT NULL THEN {{fence}} END
+            WHEN set_config('synchronous_commit', 'off', true) IS NULL THEN NULL
+            {{take}}
             ELSE -1
        END AS fence,
-       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS waited
+       date_part('epoch', clock_timestamp() - statement_timestamp()) AS waited

@@ -107,19 +107,21 @@
 // Fencing tokens come from a sequence, dlock_fence_seq: the acquiring
 // statement takes nextval after the grant, so tokens follow grant order.
 // A sequence only grows while the server runs, but a crash can take back its
-// last values (PostgreSQL writes a sequence's WAL record ahead of 32 values
-// and does not wait for it to reach the disk). So each server start is an
+// last values: PostgreSQL writes a sequence's WAL record ahead of 32 values,
+// and the acquiring statement commits with synchronous_commit off (for its
+// own transaction only), so that a grant never waits for a WAL flush while
+// it holds the lock; the WAL writer flushes such commits within three
+// wal_writer_delay (600ms by default). So each server start is an
 // epoch: before a connection hands out its first token, it makes sure that
 // its server start is recorded in the table dlock_fence_epoch; the first
 // connection after a start records it and moves the sequence EpochGap (2^32)
 // forward, in one transaction whose commit is flushed (synchronous_commit at
 // least 'local'). Tokens therefore strictly increase across holders,
 // releases, expiries, restarts and crashes, unless a crash took back more
-// than 2^32 values (more grants than the server makes in hours, all in WAL
-// that never reached the disk); with synchronous replication, also across
-// failover to a synchronous standby (and, asynchronously replicated, unless
-// the standby missed 2^32 values). The cost: nextval per acquisition (its WAL
-// record, every 32nd call, commits with a flush), a round trip per new
+// than 2^32 values (the grants of far more than the WAL writer's window);
+// and across failover to a standby (synchronous or not) that missed fewer
+// than 2^32 values, the new primary's start being an epoch too. The cost:
+// nextval per acquisition (WAL every 32nd call, not waited for), a round trip per new
 // connection, one row per server start. The sequence and table are in
 // Options.FenceSchema (default "public"), created on first use; a role that
 // may not create them gets an error at NewFromConfig (or at the first
@@ -196,6 +198,17 @@ var (
 	heldSQL string
 	//go:embed release.sql
 	releaseSQL string
+)
+
+// The {{take}} clauses of acquire.sql. Acquire sets the session's idle
+// timeout before it queues, so that nothing but the fencing token is left to
+// do once the lock is granted; TryAcquire sets it only once granted, so that
+// a busy lock leaves the session as it was.
+const (
+	waitTake = `WHEN set_config('idle_session_timeout', $3, false) IS NULL THEN NULL
+            WHEN pg_advisory_lock(hashtextextended($1, 0)) IS NOT NULL THEN {{fence}}`
+	tryTake = `WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN
+              CASE WHEN set_config('idle_session_timeout', $3, false) IS NOT NULL THEN {{fence}} END`
 )
 
 const (
@@ -341,9 +354,8 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 	if d.fencing {
 		fence = "nextval(" + d.fence.seqLit + ")"
 	}
-	sql := strings.ReplaceAll(acquireSQL, "{{fence}}", fence)
-	d.waitSQL = strings.ReplaceAll(sql, "{{lock}}", "pg_advisory_lock(hashtextextended($1, 0)) IS NOT NULL")
-	d.trySQL = strings.ReplaceAll(sql, "{{lock}}", "pg_try_advisory_lock(hashtextextended($1, 0))")
+	d.waitSQL = strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(waitTake, "{{fence}}", fence))
+	d.trySQL = strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(tryTake, "{{fence}}", fence))
 	l, err := dlock.New(d, &o.Lock)
 	return l, d, err
 }
