@@ -156,7 +156,9 @@ func TestOpenFails(t *testing.T) {
 
 // New takes the application's pool: a lease holds one of its connections,
 // and gives it back after the release with the session's settings as they
-// were. Closing the Locker leaves the pool open.
+// were (idle_session_timeout, and synchronous_commit, which acquisitions turn
+// off for their own transaction only), whether it waited, tried, or found
+// the lock busy. Closing the Locker leaves the pool open.
 func TestApplicationPool(t *testing.T) {
 	ctx := testCtx(t)
 	srv := servers.Require(t, servers.Postgres)
@@ -175,13 +177,34 @@ func TestApplicationPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := uniqueName(t)
-	for range 3 {
-		ls, err := l.TryAcquire(ctx, name, &dlock.Options{TTL: 2 * time.Second})
+	settingsKept := func(after string) {
+		t.Helper()
+		for range 2 { // both of the pool's connections
+			var idle, sync string
+			if err := pool.QueryRow(ctx, "SELECT current_setting('idle_session_timeout'), current_setting('synchronous_commit')").Scan(&idle, &sync); err != nil {
+				t.Fatal(err)
+			}
+			if idle != "77s" || sync != "on" {
+				t.Errorf("after %s a pool connection has idle_session_timeout %q, synchronous_commit %q; want the pool's own 77s, on", after, idle, sync)
+			}
+		}
+	}
+	for i := range 4 {
+		acquire, what := l.TryAcquire, "TryAcquire and Release"
+		if i%2 == 1 {
+			acquire, what = l.Acquire, "Acquire and Release"
+		}
+		ls, err := acquire(ctx, name, &dlock.Options{TTL: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n := pool.Stat().AcquiredConns(); n != 1 {
 			t.Errorf("a lease holds %d of the pool's connections, want 1", n)
+		}
+		if i == 3 { // a busy attempt on the other connection changes nothing either
+			if _, err := l.TryAcquire(ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+				t.Fatalf("TryAcquire of a held lock: %v", err)
+			}
 		}
 		if err := ls.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -189,12 +212,7 @@ func TestApplicationPool(t *testing.T) {
 		if n := pool.Stat().AcquiredConns(); n != 0 {
 			t.Errorf("after release %d connections stay acquired", n)
 		}
-		for range 2 { // both of the pool's connections
-			var v string
-			if err := pool.QueryRow(ctx, "SHOW idle_session_timeout").Scan(&v); err != nil || v != "77s" {
-				t.Errorf("a pool connection's idle_session_timeout = %q, %v; want the pool's own 77s", v, err)
-			}
-		}
+		settingsKept(what)
 	}
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
