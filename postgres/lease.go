@@ -18,9 +18,9 @@ import (
 // The Locker serialises Refresh, Held and Release. Besides them, three
 // things touch the connection, under mu: the watcher (a goroutine reading
 // the idle connection, so that the session's end is noticed at once), the
-// lease's timer (which starts the watcher once the connection has been idle
+// driver's sweep (which starts the watcher once the connection has been idle
 // for watchDelay, and gives the connection up once the lock has expired for
-// sure), and the driver's Close.
+// sure; see driver.sweep), and the driver's Close.
 type lease struct {
 	d        *driver
 	c        *pgxpool.Conn
@@ -37,7 +37,7 @@ type lease struct {
 	gone     bool          // the connection was given up or released; lost is closed if given up
 	lastSent time.Time     // when the last statement that set the expiry was sent
 	ttl      time.Duration // the idle_session_timeout set then
-	timer    *time.Timer   // onTimer: after watchDelay of idleness, then at expiresAt
+	idle     time.Time     // when the last statement ended (or the grant came)
 	watching bool
 	stopping bool          // the watcher is being stopped by us
 	watched  chan struct{} // closed when the watcher has returned
@@ -47,13 +47,6 @@ type lease struct {
 // return, wrapped with dlock.ErrNotHeld.
 var errGone = errors.New("the lease's session has ended")
 
-// arm starts the lease's timers once it is granted.
-func (h *lease) arm() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.timer = time.AfterFunc(watchDelay, h.onTimer)
-}
-
 // begin claims the connection for a statement, stopping the watcher.
 func (h *lease) begin() error {
 	h.mu.Lock()
@@ -62,7 +55,6 @@ func (h *lease) begin() error {
 		return errGone
 	}
 	h.busy = true
-	h.timer.Stop()
 	watched := h.stopWatch()
 	h.mu.Unlock()
 	if watched != nil {
@@ -89,7 +81,7 @@ func (h *lease) end(sent time.Time, ttl time.Duration, moved bool) {
 	if moved {
 		h.lastSent, h.ttl = sent, ttl
 	}
-	h.timer.Reset(min(watchDelay, time.Until(h.expiresAt())))
+	h.idle = time.Now()
 }
 
 // stopWatch asks a running watcher to return, by a read deadline in the
@@ -109,27 +101,26 @@ func (h *lease) stopWatch() chan struct{} {
 // it heard nothing since the last statement; mu is held.
 func (h *lease) expiresAt() time.Time { return h.lastSent.Add(h.ttl + expiryGrace) }
 
-// onTimer starts the watcher on a connection idle for watchDelay, and gives
-// the connection up once the lock has expired on the server for sure with no
-// word of the session's end, unless a statement runs (which then decides).
-func (h *lease) onTimer() {
+// sweep, called by the driver's sweep every watchDelay, starts the watcher
+// on a connection idle for watchDelay, and gives the connection up once the
+// lock has expired on the server for sure with no word of the session's end,
+// unless a statement runs (which then decides).
+func (h *lease) sweep(now time.Time) {
 	h.mu.Lock()
 	if h.busy || h.gone {
 		h.mu.Unlock()
 		return
 	}
-	left := time.Until(h.expiresAt())
-	if left <= 0 {
+	if !now.Before(h.expiresAt()) {
 		h.giveUpLocked()
 		return
 	}
-	if !h.watching {
+	if !h.watching && now.Sub(h.idle) >= watchDelay {
 		h.watching, h.stopping = true, false
 		h.watched = make(chan struct{})
 		h.d.wg.Add(1)
 		go h.watch(h.watched)
 	}
-	h.timer.Reset(left)
 	h.mu.Unlock()
 }
 
@@ -176,15 +167,14 @@ func (h *lease) OnLost(f func()) {
 	h.mu.Unlock()
 }
 
-// giveUp ends the lease as lost: it signals the loss, stops the timers and
-// the watcher, and closes the connection (its session, and the lock, end)
+// giveUp ends the lease as lost: it signals the loss, stops the watcher, and closes the connection (its session, and the lock, end)
 // before handing it back to the pool, which drops it. It does nothing the
 // second time, or after a release. The Locker reports the loss; the reason,
 // where there is one, is in the error of the call that found it.
 //
 // Only the statement that holds the connection (busy), the driver's Close
 // (when the Locker runs none), or, while none runs, the watcher and the
-// timer give a lease up.
+// sweep give a lease up.
 func (h *lease) giveUp() {
 	h.mu.Lock()
 	h.giveUpLocked()
@@ -199,7 +189,6 @@ func (h *lease) giveUpLocked() {
 	h.gone = true
 	close(h.lost)
 	onLost := h.onLost
-	h.timer.Stop()
 	watched := h.stopWatch()
 	h.mu.Unlock()
 	if onLost != nil {
@@ -350,7 +339,6 @@ func (h *lease) Release(ctx context.Context) error {
 	}
 	h.mu.Lock()
 	h.busy, h.gone = false, true
-	h.timer.Stop()
 	h.mu.Unlock()
 	h.c.Release()
 	h.d.untrack(h)

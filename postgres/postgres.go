@@ -101,8 +101,9 @@
 //
 // Costs: an acquisition is one round trip (fencing adds a nextval), a
 // release one round trip, and the watchdog one round trip every
-// TTL/3; a lease, and a waiting Acquire, keep one connection, and a lease idle
-// for 50ms one goroutine reading it.
+// TTL/3; a lease, and a waiting Acquire, keep one connection, a lease idle
+// for 50ms one goroutine reading it, and a Locker holding leases one
+// goroutine that looks at them every 50ms (no timer per lease).
 //
 // Fencing tokens come from a sequence, dlock_fence_seq: the acquiring
 // statement takes nextval after the grant, so tokens follow grant order.
@@ -349,6 +350,7 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 		fence:    newFenceObjects(o.FenceSchema),
 		checkPID: !o.SessionPooler,
 		leases:   make(map[*lease]struct{}),
+		closing:  make(chan struct{}),
 	}
 	fence := "0::int8"
 	if d.fencing {
@@ -371,10 +373,12 @@ type driver struct {
 	waitSQL string // acquire.sql that waits, with the fencing expression in place
 	trySQL  string // acquire.sql that tries once
 
-	mu     sync.Mutex
-	closed bool
-	leases map[*lease]struct{} // holding a connection
-	wg     sync.WaitGroup      // connection watchers
+	mu       sync.Mutex
+	closed   bool
+	closing  chan struct{}       // closed by Close
+	leases   map[*lease]struct{} // holding a connection
+	sweeping bool                // sweep runs
+	wg       sync.WaitGroup      // sweep and the connection watchers
 }
 
 func (d *driver) Capabilities() dlock.Capabilities {
@@ -545,9 +549,8 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	}
 	h := &lease{
 		d: d, c: c, pg: pg, name: req.Name, key: r.key, pid: r.pid, prevIdle: r.prevIdle,
-		lost: make(chan struct{}), lastSent: sent, ttl: req.TTL,
+		lost: make(chan struct{}), lastSent: sent, ttl: req.TTL, idle: recv,
 	}
-	h.arm()
 	if !d.track(h) {
 		h.giveUp()
 		return nil, dlock.ErrClosed
@@ -555,8 +558,8 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	return &dlock.Grant{Handle: h, Fence: fence, Lost: h.lost, Sent: sent}, nil
 }
 
-// track registers a lease holding a connection; false once the driver is
-// closed.
+// track registers a lease holding a connection, starting the sweep if it is
+// not running; false once the driver is closed.
 func (d *driver) track(h *lease) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -564,7 +567,45 @@ func (d *driver) track(h *lease) bool {
 		return false
 	}
 	d.leases[h] = struct{}{}
+	if !d.sweeping {
+		d.sweeping = true
+		d.wg.Add(1)
+		go d.sweep()
+	}
 	return true
+}
+
+// sweep runs while the driver has leases: every watchDelay it has each one
+// look at its connection (lease.sweep). One goroutine and one ticker per
+// driver, rather than a timer per lease, keep an acquisition cheap.
+func (d *driver) sweep() {
+	defer d.wg.Done()
+	t := time.NewTicker(watchDelay)
+	defer t.Stop()
+	var batch []*lease
+	for {
+		select {
+		case <-d.closing:
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		if len(d.leases) == 0 {
+			d.sweeping = false
+			d.mu.Unlock()
+			return
+		}
+		batch = batch[:0]
+		for h := range d.leases {
+			batch = append(batch, h)
+		}
+		d.mu.Unlock()
+		now := time.Now()
+		for _, h := range batch {
+			h.sweep(now)
+		}
+		clear(batch)
+	}
 }
 
 func (d *driver) untrack(h *lease) {
@@ -578,6 +619,9 @@ func (d *driver) untrack(h *lease) {
 // pool if the driver made it.
 func (d *driver) Close() error {
 	d.mu.Lock()
+	if !d.closed {
+		close(d.closing)
+	}
 	d.closed = true
 	leases := make([]*lease, 0, len(d.leases))
 	for h := range d.leases {
@@ -603,59 +647,60 @@ func discard(c *pgxpool.Conn) {
 	c.Release()
 }
 
-// cancellable runs q, a statement on pg, under a context of its own that
-// only the driver ends, while ctx bounds it through the server: when ctx
-// ends first, cancel requests ask the server to stop the statement, which
-// then fails with query_canceled and leaves the session (and any lock it
-// holds) alone. Only when the statement still runs cancelGrace later (the
-// server is unreachable), or after limit (when not zero), does its context
-// end, and pgx close the connection. cancellable waits for its cancel
-// requests to finish; it reports whether it sent any.
+// cancellable runs q, a statement on pg, with a context that never ends
+// (so pgx neither watches it nor closes the connection for it), while ctx
+// bounds it through the server: when ctx ends first, cancel requests ask the
+// server to stop the statement, which then fails with query_canceled and
+// leaves the session (and any lock it holds) alone. Only when the statement
+// still runs cancelGrace later (the server is unreachable), or after limit
+// (when not zero), does the connection get a deadline in the past: the
+// statement fails and pgx closes the connection. cancellable waits for its
+// cancel requests to finish; it reports whether it sent any.
 func cancellable(ctx context.Context, pg *pgconn.PgConn, limit time.Duration, q func(context.Context) error) (cancelled bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	base := context.WithoutCancel(ctx)
-	var qctx context.Context
-	var qcancel context.CancelFunc
+	conn := pg.Conn()
 	if limit > 0 {
-		qctx, qcancel = context.WithTimeout(base, limit)
-	} else {
-		qctx, qcancel = context.WithCancel(base)
+		_ = conn.SetDeadline(time.Now().Add(limit))
 	}
-	defer qcancel()
 	if ctx.Done() == nil {
-		return false, q(qctx)
-	}
-	fctx, finish := context.WithCancel(qctx) // ends when q returns
-	defer finish()
-	callback := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(callback)
-		cancelled = true
-		// A request under way is let finish even once q returned, so that
-		// none reaches the server later and cancels the next statement.
-		gctx, gcancel := context.WithTimeout(qctx, cancelGrace)
-		defer gcancel()
-		t := time.NewTimer(0)
-		defer t.Stop()
-		for {
-			select {
-			case <-fctx.Done():
-				return
-			case <-gctx.Done():
-				qcancel() // the server did not answer: give the connection up
-				return
-			case <-t.C:
-				_ = pg.CancelRequest(gctx)
-				t.Reset(cancelRetry)
+		err = q(context.Background())
+	} else {
+		done := make(chan struct{})
+		callback := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			defer close(callback)
+			cancelled = true
+			// A request under way is let finish even once q returned, so that
+			// none reaches the server later and cancels the next statement.
+			gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), cancelGrace)
+			defer gcancel()
+			t := time.NewTimer(0)
+			defer t.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-gctx.Done():
+					// The server did not answer: give the connection up.
+					_ = conn.SetDeadline(time.Now())
+					limit = -1 // reset below if q succeeded nonetheless
+					return
+				case <-t.C:
+					_ = pg.CancelRequest(gctx)
+					t.Reset(cancelRetry)
+				}
 			}
+		})
+		err = q(context.Background())
+		close(done)
+		if !stop() {
+			<-callback
 		}
-	})
-	err = q(qctx)
-	finish()
-	if !stop() {
-		<-callback
+	}
+	if limit != 0 && !pg.IsClosed() {
+		_ = conn.SetDeadline(time.Time{})
 	}
 	return cancelled, err
 }
