@@ -315,7 +315,14 @@ func (h *lease) Release(ctx context.Context) error {
 	}
 	var pid int32
 	var unlocked *bool
-	err := h.c.QueryRow(ctx, releaseSQL, h.pid, h.key, h.prevIdle).Scan(&pid, &unlocked)
+	err := releaseStmt.run(ctx, h.c.Conn(), [][]byte{int4(h.pid), int8(h.key), []byte(h.prevIdle)}, func(v [][]byte) (err error) {
+		if pid, err = decodeInt4(v[0]); err != nil || v[1] == nil {
+			return err
+		}
+		u, err := decodeBool(v[1])
+		unlocked = &u
+		return err
+	})
 	if err != nil {
 		if h.fail(err) {
 			if ctx.Err() != nil {

@@ -356,8 +356,8 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 	if d.fencing {
 		fence = "nextval(" + d.fence.seqLit + ")"
 	}
-	d.waitSQL = strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(waitTake, "{{fence}}", fence))
-	d.trySQL = strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(tryTake, "{{fence}}", fence))
+	d.waitStmt = newAcquireStmt(strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(waitTake, "{{fence}}", fence)))
+	d.tryStmt = newAcquireStmt(strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(tryTake, "{{fence}}", fence)))
 	l, err := dlock.New(d, &o.Lock)
 	return l, d, err
 }
@@ -370,8 +370,8 @@ type driver struct {
 	fence    fenceObjects
 	checkPID bool // the backend pid must be the one of the startup message
 
-	waitSQL string // acquire.sql that waits, with the fencing expression in place
-	trySQL  string // acquire.sql that tries once
+	waitStmt *stmt // acquire.sql that waits, with the fencing expression in place
+	tryStmt  *stmt // acquire.sql that tries once
 
 	mu       sync.Mutex
 	closed   bool
@@ -455,6 +455,13 @@ func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, 
 	}
 }
 
+func newAcquireStmt(sql string) *stmt {
+	return newStmt(sql, []uint32{oidText, oidInt4, oidText}, []uint32{oidInt4, oidInt8, oidText, oidInt8, oidFloat8})
+}
+
+// releaseStmt is release.sql.
+var releaseStmt = newStmt(releaseSQL, []uint32{oidInt4, oidInt8, oidText}, []uint32{oidInt4, oidBool})
+
 // acquireRow is acquire.sql's result.
 type acquireRow struct {
 	pid      int32
@@ -464,8 +471,23 @@ type acquireRow struct {
 	waited   float64
 }
 
-func (r *acquireRow) dest() []any {
-	return []any{&r.pid, &r.key, &r.prevIdle, &r.fence, &r.waited}
+func (r *acquireRow) decode(v [][]byte) (err error) {
+	if r.pid, err = decodeInt4(v[0]); err != nil {
+		return err
+	}
+	if r.key, err = decodeInt8(v[1]); err != nil {
+		return err
+	}
+	r.prevIdle = string(v[2])
+	if v[3] != nil {
+		f, err := decodeInt8(v[3])
+		if err != nil {
+			return err
+		}
+		r.fence = &f
+	}
+	r.waited, err = decodeFloat8(v[4])
+	return err
 }
 
 // acquire makes one attempt on a connection from the pool: one
@@ -495,13 +517,13 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 			return nil, err
 		}
 	}
-	args := []any{d.prefix + req.Name, pid, ms}
+	args := [][]byte{[]byte(d.prefix + req.Name), int4(pid), []byte(ms)}
 	var r acquireRow
 	sent := time.Now()
 	if wait {
 		var cancelled bool
 		cancelled, err = cancellable(ctx, pg, 0, func(qctx context.Context) error {
-			return c.QueryRow(qctx, d.waitSQL, args...).Scan(r.dest()...)
+			return d.waitStmt.run(qctx, c.Conn(), args, r.decode)
 		})
 		if err == nil && cancelled {
 			// Granted as the wait was cancelled: closing the session gives
@@ -510,7 +532,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
 	} else {
-		err = c.QueryRow(ctx, d.trySQL, args...).Scan(r.dest()...)
+		err = d.tryStmt.run(ctx, c.Conn(), args, r.decode)
 	}
 	recv := time.Now()
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/postgres"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -302,5 +303,60 @@ func TestConnectionsReturned(t *testing.T) {
 	returned("Close")
 	if n := pool.Stat().TotalConns(); n > cfg.MaxConns {
 		t.Errorf("%d connections in a pool of %d", n, cfg.MaxConns)
+	}
+}
+
+// The driver prepares its statements once per connection; a session whose
+// prepared statements were dropped (DISCARD ALL, DEALLOCATE ALL, as some
+// pool reset hooks run) prepares them again, and the lock works as before.
+// (The test's own queries use the simple protocol: pgx's statement cache does
+// not survive the drop.)
+func TestPreparedStatementsDropped(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	cfg, err := pgxpool.ParseConfig(dsn(srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := postgres.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, l)
+	name := uniqueName(t)
+	prepared := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'dlock%'", pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, drop := range []string{"", "DEALLOCATE ALL", "DISCARD ALL"} {
+		if drop != "" {
+			if _, err := pool.Exec(ctx, drop, pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatal(err)
+			}
+			if n := prepared(); n != 0 {
+				t.Fatalf("after %s the session still has %d dlock statements", drop, n)
+			}
+		}
+		for _, acquire := range []func(context.Context, string, *dlock.Options) (*dlock.Lease, error){l.TryAcquire, l.Acquire} {
+			ls, err := acquire(ctx, name, nil)
+			if err != nil {
+				t.Fatalf("after %q: %v", drop, err)
+			}
+			if err := ls.Release(ctx); err != nil {
+				t.Fatalf("after %q: release: %v", drop, err)
+			}
+		}
+		if n := prepared(); n != 3 {
+			t.Errorf("after %q the session has %d dlock statements, want 3 (try, wait, release)", drop, n)
+		}
 	}
 }
