@@ -103,7 +103,11 @@
 // release one round trip, and the watchdog one round trip every
 // TTL/3; a lease, and a waiting Acquire, keep one connection, a lease idle
 // for 50ms one goroutine reading it, and a Locker holding leases one
-// goroutine that looks at them every 50ms (no timer per lease).
+// goroutine that looks at them every 50ms (no timer per lease). The
+// acquiring and releasing statements are prepared once per connection, under
+// names that start with dlock_, when the connection uses pgx's default
+// QueryExecModeCacheStatement; with any other mode (as behind a pooler) they
+// go unnamed, parsed at every execution.
 //
 // Fencing tokens come from a sequence, dlock_fence_seq: the acquiring
 // statement takes nextval after the grant, so tokens follow grant order.
