@@ -155,6 +155,23 @@ func TestOpenFails(t *testing.T) {
 	}
 }
 
+// appPool is an application's pool of maxConns connections to addr, with
+// params added to the URL, closed at the test's end.
+func appPool(t *testing.T, addr, params string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn(addr) + params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // New takes the application's pool: a lease holds one of its connections,
 // and gives it back after the release with the session's settings as they
 // were (idle_session_timeout, and synchronous_commit, which acquisitions turn
@@ -163,16 +180,7 @@ func TestOpenFails(t *testing.T) {
 func TestApplicationPool(t *testing.T) {
 	ctx := testCtx(t)
 	srv := servers.Require(t, servers.Postgres)
-	cfg, err := pgxpool.ParseConfig(dsn(srv.Addr()) + "&idle_session_timeout=77000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := appPool(t, srv.Addr(), "&idle_session_timeout=77000", 2)
 	l, err := postgres.New(pool, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -233,16 +241,7 @@ func TestConnectionsReturned(t *testing.T) {
 	ctx := testCtx(t)
 	srv := servers.Require(t, servers.Postgres)
 	raw := rawConn(t, srv.Addr())
-	cfg, err := pgxpool.ParseConfig(dsn(srv.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := appPool(t, srv.Addr(), "", 4)
 	l, err := postgres.New(pool, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -301,8 +300,8 @@ func TestConnectionsReturned(t *testing.T) {
 		t.Fatal(err)
 	}
 	returned("Close")
-	if n := pool.Stat().TotalConns(); n > cfg.MaxConns {
-		t.Errorf("%d connections in a pool of %d", n, cfg.MaxConns)
+	if n, limit := pool.Stat().TotalConns(), pool.Config().MaxConns; n > limit {
+		t.Errorf("%d connections in a pool of %d", n, limit)
 	}
 }
 
@@ -314,16 +313,7 @@ func TestConnectionsReturned(t *testing.T) {
 func TestPreparedStatementsDropped(t *testing.T) {
 	ctx := testCtx(t)
 	srv := servers.Require(t, servers.Postgres)
-	cfg, err := pgxpool.ParseConfig(dsn(srv.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := appPool(t, srv.Addr(), "", 1)
 	l, err := postgres.New(pool, nil)
 	if err != nil {
 		t.Fatal(err)
