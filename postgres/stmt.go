@@ -60,19 +60,19 @@ func newStmt(sql string, params, results []uint32) *stmt {
 
 // prepare prepares s on pg and checks the types the server gave its
 // parameters and columns.
-func (s *stmt) prepare(ctx context.Context, pg *pgconn.PgConn) error {
+func (s *stmt) prepare(ctx context.Context, pg *pgconn.PgConn) (*pgconn.StatementDescription, error) {
 	sd, err := pg.Prepare(ctx, s.name, s.sql, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ok := slices.Equal(sd.ParamOIDs, s.params) && len(sd.Fields) == len(s.results)
 	for i := 0; ok && i < len(sd.Fields); i++ {
 		ok = sd.Fields[i].DataTypeOID == s.results[i]
 	}
 	if !ok {
-		return fmt.Errorf("postgres: statement %s: the server typed its parameters and columns unexpectedly", s.name)
+		return nil, fmt.Errorf("postgres: statement %s: the server typed its parameters and columns unexpectedly", s.name)
 	}
-	return nil
+	return sd, nil
 }
 
 // errNoRow reports a statement that returned no row (it always returns one).
@@ -97,13 +97,17 @@ func (s *stmt) run(ctx context.Context, c *pgx.Conn, params [][]byte, row func([
 		return s.read(pg.ExecParams(ctx, s.sql, params, s.params, s.paramFmts, s.resultFmts), row)
 	}
 	for retried := false; ; retried = true {
-		if data[s.name] == nil {
-			if err := s.prepare(ctx, pg); err != nil {
+		sd, _ := data[s.name].(*pgconn.StatementDescription)
+		if sd == nil {
+			var err error
+			if sd, err = s.prepare(ctx, pg); err != nil {
 				return err
 			}
-			data[s.name] = true
+			data[s.name] = sd
 		}
-		err := s.read(pg.ExecPrepared(ctx, s.name, params, s.paramFmts, s.resultFmts), row)
+		// With the description prepare returned, no Describe goes with
+		// every execution (and no row description comes back).
+		err := s.read(pg.ExecStatement(ctx, sd, params, s.paramFmts, s.resultFmts), row)
 		var pe *pgconn.PgError
 		if !retried && errors.As(err, &pe) && pe.Code == "26000" { // invalid_sql_statement_name
 			delete(data, s.name)
