@@ -48,8 +48,8 @@ type Lease struct {
 	// Background work runs on the locker's scheduler, not on a goroutine or
 	// timer of its own: a lease that lives shorter than its refresh interval
 	// costs neither.
-	deadline      *task              // ends the lease at ValidUntil
-	tick          *task              // the watchdog; nil with NoRefresh
+	deadline      task               // ends the lease at ValidUntil
+	tick          task               // the watchdog; run is nil with NoRefresh
 	refreshCtx    context.Context    // made by the first watchdog refresh
 	cancelRefresh context.CancelFunc // aborts a refresh in flight once the lease ended
 }
@@ -75,11 +75,11 @@ func newLease(l *locker, req Request, o Options, g *Grant, sent time.Time) *Leas
 func (ls *Lease) start(sent time.Time) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.deadline = newTask(ls.onDeadline)
-	ls.l.sched.schedule(ls.deadline, ls.validUntil)
+	ls.deadline = leaseTask(ls, (*Lease).onDeadline)
+	ls.l.sched.schedule(&ls.deadline, ls.validUntil)
 	if !ls.opts.NoRefresh {
-		ls.tick = newTask(ls.onTick)
-		ls.l.sched.schedule(ls.tick, sent.Add(ls.interval()))
+		ls.tick = leaseTask(ls, (*Lease).onTick)
+		ls.l.sched.schedule(&ls.tick, sent.Add(ls.interval()))
 	}
 	if ls.lost != nil && ls.notifier == nil { // else see watchLoss
 		ls.l.bg.Add(1)
@@ -125,7 +125,7 @@ func (ls *Lease) onDeadline() {
 	ls.mu.Lock()
 	left := time.Until(ls.validUntil)
 	if left > 0 { // a refresh moved it meanwhile
-		ls.l.sched.schedule(ls.deadline, ls.validUntil)
+		ls.l.sched.schedule(&ls.deadline, ls.validUntil)
 	}
 	ls.mu.Unlock()
 	if left <= 0 {
@@ -163,7 +163,7 @@ func (ls *Lease) onTick() {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err == nil && !ls.refreshStopped {
-		ls.l.sched.schedule(ls.tick, time.Now().Add(jitter(ls.backoff)))
+		ls.l.sched.schedule(&ls.tick, time.Now().Add(jitter(ls.backoff)))
 		ls.backoff = min(2*ls.backoff, ls.opts.RetryMax)
 	}
 }
@@ -291,10 +291,10 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	}
 	ls.ttl = granted
 	ls.validUntil = validUntil(sent, ttl, &Grant{TTL: granted, Drift: ls.drift})
-	ls.l.sched.schedule(ls.deadline, ls.validUntil)
+	ls.l.sched.schedule(&ls.deadline, ls.validUntil)
 	ls.backoff = ls.opts.RetryMin
-	if ls.tick != nil && !ls.refreshStopped {
-		ls.l.sched.schedule(ls.tick, sent.Add(ls.interval()))
+	if ls.tick.run != nil && !ls.refreshStopped {
+		ls.l.sched.schedule(&ls.tick, sent.Add(ls.interval()))
 	}
 	return nil
 }
@@ -321,8 +321,8 @@ func (ls *Lease) Release(ctx context.Context) error {
 	// it is bounded by ValidUntil, and the wait by ctx.
 	ls.mu.Lock()
 	ls.refreshStopped = true
-	if ls.tick != nil {
-		ls.l.sched.cancel(ls.tick)
+	if ls.tick.run != nil {
+		ls.l.sched.cancel(&ls.tick)
 	}
 	ls.mu.Unlock()
 	if err := ls.lockOps(ctx); err != nil {
@@ -386,9 +386,9 @@ func (ls *Lease) end(err error) {
 		ls.cancel(err)
 	}
 	close(ls.done)
-	ls.l.sched.cancel(ls.deadline)
-	if ls.tick != nil {
-		ls.l.sched.cancel(ls.tick)
+	ls.l.sched.cancel(&ls.deadline)
+	if ls.tick.run != nil {
+		ls.l.sched.cancel(&ls.tick)
 	}
 	cancelRefresh := ls.cancelRefresh
 	ls.mu.Unlock()

@@ -62,7 +62,7 @@ func New(d Driver, defaults *Options) (Locker, error) {
 	l.waiter, _ = d.(Waiter)
 	l.abandoner, _ = d.(Abandoner)
 	l.notifier, _ = d.(Notifier)
-	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.waits = make(map[context.Context]context.CancelCauseFunc)
 	return l, nil
 }
 
@@ -74,12 +74,10 @@ type locker struct {
 	notifier  Notifier
 	abandoner Abandoner
 
-	ctx    context.Context // cancelled by Close: ends waits
-	cancel context.CancelFunc
-
 	mu       sync.Mutex
 	closed   bool
-	inflight sync.WaitGroup // acquisitions under way
+	inflight sync.WaitGroup                              // acquisitions under way
+	waits    map[context.Context]context.CancelCauseFunc // their contexts, which Close cancels
 	leases   map[*Lease]struct{}
 	bg       sync.WaitGroup // leases' timed tasks while they run, abandons
 	sched    sched          // the leases' timed work
@@ -106,22 +104,26 @@ func (l *locker) acquire(ctx context.Context, name string, opts *Options, wait b
 	if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, errors.Join(ErrNotAcquired, err)
+	}
+	// actx ends with ctx, or when Close cancels it with ErrClosed.
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return nil, ErrClosed
 	}
 	l.inflight.Add(1)
+	l.waits[actx] = cancel
 	l.mu.Unlock()
-	defer l.inflight.Done()
-
-	if err := ctx.Err(); err != nil {
-		return nil, errors.Join(ErrNotAcquired, err)
-	}
-	actx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(l.ctx, func() { cancel(ErrClosed) })
-	defer stop()
+	defer func() {
+		l.mu.Lock()
+		delete(l.waits, actx)
+		l.mu.Unlock()
+		l.inflight.Done()
+	}()
 
 	req := Request{Name: name, Token: newToken(), TTL: o.TTL, Metadata: o.Metadata}
 	var g *Grant
@@ -139,15 +141,15 @@ func (l *locker) acquire(ctx context.Context, name string, opts *Options, wait b
 		g, sent, err = l.poll(actx, &req, o)
 	}
 	if err != nil {
-		return nil, l.waitError(ctx, actx, err)
+		return nil, waitError(ctx, actx, err)
 	}
 	return l.newLease(req, o, g, sent)
 }
 
 // waitError shapes the error of an acquisition that ended without a grant.
-func (l *locker) waitError(ctx, actx context.Context, err error) error {
+func waitError(ctx, actx context.Context, err error) error {
 	switch {
-	case l.ctx.Err() != nil && ctx.Err() == nil:
+	case ctx.Err() == nil && errors.Is(context.Cause(actx), ErrClosed):
 		return errors.Join(ErrNotAcquired, ErrClosed)
 	case ctx.Err() != nil:
 		if errors.Is(err, ctx.Err()) && errors.Is(err, ErrNotAcquired) {
@@ -303,8 +305,10 @@ func (l *locker) Close(ctx context.Context) error {
 		return nil
 	}
 	l.closed = true
+	for _, cancel := range l.waits {
+		cancel(ErrClosed)
+	}
 	l.mu.Unlock()
-	l.cancel()
 	l.inflight.Wait()
 
 	l.mu.Lock()
@@ -336,12 +340,32 @@ func (l *locker) Close(ctx context.Context) error {
 	return errors.Join(append(errs, l.d.Close())...)
 }
 
-// newToken returns 128 random bits, hex-encoded.
+// newToken returns 128 random bits, hex-encoded. The bits come from
+// crypto/rand, read a few hundred tokens' worth at a time; every byte is
+// handed out once.
 func newToken() string {
-	var b [16]byte
-	_, _ = crand.Read(b[:]) // never fails (crypto/rand)
-	return hex.EncodeToString(b[:])
+	tb := tokenBufs.Get().(*tokenBuf)
+	if tb.n == 0 {
+		_, _ = crand.Read(tb.b[:]) // never fails (crypto/rand)
+		tb.n = len(tb.b)
+	}
+	var dst [2 * tokenBytes]byte
+	hex.Encode(dst[:], tb.b[tb.n-tokenBytes:tb.n])
+	clear(tb.b[tb.n-tokenBytes : tb.n])
+	tb.n -= tokenBytes
+	tokenBufs.Put(tb)
+	return string(dst[:])
 }
+
+const tokenBytes = 16
+
+// tokenBuf holds random bytes not yet handed out: b[:n].
+type tokenBuf struct {
+	b [32 * tokenBytes]byte
+	n int
+}
+
+var tokenBufs = sync.Pool{New: func() any { return new(tokenBuf) }}
 
 // drift is the default clock drift margin: TTL/100 + 2ms.
 func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }

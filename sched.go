@@ -30,14 +30,19 @@ type sched struct {
 	wg     sync.WaitGroup
 }
 
-// task is a function to run at a time; at most one run is pending.
+// task is a function to run at a time; at most one run is pending. A
+// lease's tasks are fields of the lease, with run a method expression, so
+// that scheduling them allocates nothing.
 type task struct {
-	at time.Time
-	f  func()
-	i  int // index in the heap; -1 when not scheduled
+	at  time.Time
+	run func(*Lease)
+	ls  *Lease
+	i   int // index in the heap; -1 when not scheduled
 }
 
-func newTask(f func()) *task { return &task{f: f, i: -1} }
+func newTask(f func()) *task { return &task{run: func(*Lease) { f() }, i: -1} }
+
+func leaseTask(ls *Lease, run func(*Lease)) task { return task{run: run, ls: ls, i: -1} }
 
 // schedule (re)schedules t to run at at, replacing a pending run.
 func (s *sched) schedule(t *task, at time.Time) {
@@ -90,7 +95,7 @@ func (s *sched) fire() {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			t.f()
+			t.run(t.ls)
 		}()
 	}
 	s.armed = time.Time{}
