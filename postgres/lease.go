@@ -22,19 +22,19 @@ import (
 // for watchDelay, and gives the connection up once the lock has expired for
 // sure; see driver.sweep), and the driver's Close.
 type lease struct {
-	d        *driver
-	c        *pgxpool.Conn
-	pg       *pgconn.PgConn
-	name     string
-	key      int64
-	pid      int32  // the backend that holds the lock
-	prevIdle string // idle_session_timeout before the lease
-	lost     chan struct{}
-	onLost   func() // called once lost is closed (dlock.LossNotifier); under mu
+	d          *driver
+	c          *pgxpool.Conn
+	pg         *pgconn.PgConn
+	name       string
+	args       [3][]byte  // acquire.sql's parameters (here, not on the heap on their own)
+	acquireRow            // pid is the backend that holds the lock
+	onLost     func()     // called once the lease is given up (dlock.LossNotifier); under mu
+	relRow     releaseRow // release.sql's result
 
 	mu       sync.Mutex
 	busy     bool          // a statement is running
-	gone     bool          // the connection was given up or released; lost is closed if given up
+	gone     bool          // the connection was given up or released
+	lost     bool          // it was given up
 	lastSent time.Time     // when the last statement that set the expiry was sent
 	ttl      time.Duration // the idle_session_timeout set then
 	idle     time.Time     // when the last statement ended (or the grant came)
@@ -156,12 +156,10 @@ func (h *lease) watch(watched chan struct{}) {
 // connection up (see giveUp), at once if it has already.
 func (h *lease) OnLost(f func()) {
 	h.mu.Lock()
-	select {
-	case <-h.lost:
+	if h.lost {
 		h.mu.Unlock()
 		f()
 		return
-	default:
 	}
 	h.onLost = f
 	h.mu.Unlock()
@@ -186,8 +184,7 @@ func (h *lease) giveUpLocked() {
 		h.mu.Unlock()
 		return
 	}
-	h.gone = true
-	close(h.lost)
+	h.gone, h.lost = true, true
 	onLost := h.onLost
 	watched := h.stopWatch()
 	h.mu.Unlock()
@@ -313,16 +310,8 @@ func (h *lease) Release(ctx context.Context) error {
 	if err := h.begin(); err != nil {
 		return h.notHeld("release", err)
 	}
-	var pid int32
-	var unlocked *bool
-	err := releaseStmt.run(ctx, h.c.Conn(), [][]byte{int4(h.pid), int8(h.key), []byte(h.prevIdle)}, func(v [][]byte) (err error) {
-		if pid, err = decodeInt4(v[0]); err != nil || v[1] == nil {
-			return err
-		}
-		u, err := decodeBool(v[1])
-		unlocked = &u
-		return err
-	})
+	r := &h.relRow
+	err := releaseStmt.run(ctx, h.c.Conn(), h.release[:], r)
 	if err != nil {
 		if h.fail(err) {
 			if ctx.Err() != nil {
@@ -336,9 +325,9 @@ func (h *lease) Release(ctx context.Context) error {
 		h.end(time.Time{}, 0, false)
 		return h.stmtError(ctx, "release", err)
 	}
-	if pid != h.pid || unlocked == nil || !*unlocked {
+	if r.pid != h.pid || !r.unlocked {
 		defer h.end(time.Time{}, 0, false)
-		if err := h.checkPID("release", pid); err != nil {
+		if err := h.checkPID("release", r.pid); err != nil {
 			return err
 		}
 		h.giveUp()
@@ -350,6 +339,20 @@ func (h *lease) Release(ctx context.Context) error {
 	h.c.Release()
 	h.d.untrack(h)
 	return nil
+}
+
+// releaseRow is release.sql's result.
+type releaseRow struct {
+	pid      int32
+	unlocked bool // false when NULL
+}
+
+func (r *releaseRow) decode(v [][]byte) (err error) {
+	if r.pid, err = decodeInt4(v[0]); err != nil || v[1] == nil {
+		return err
+	}
+	r.unlocked, err = decodeBool(v[1])
+	return err
 }
 
 // stmtError describes a statement that failed without ending the session

@@ -180,6 +180,7 @@ package postgres
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -421,8 +422,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 	}
 	for i := 0; ; i++ {
 		g, err := d.acquire(ctx, req, ms, false)
-		var ce *connError
-		if err == nil || i == deadConnRetries || ctx.Err() != nil || !errors.As(err, &ce) {
+		if err == nil || i == deadConnRetries || ctx.Err() != nil || !isConnError(err) {
 			return g, err
 		}
 	}
@@ -470,9 +470,12 @@ var releaseStmt = newStmt(releaseSQL, []uint32{oidInt4, oidInt8, oidText}, []uin
 type acquireRow struct {
 	pid      int32
 	key      int64
-	prevIdle string
-	fence    *int64 // see acquire.sql: NULL, -1, or the grant's token
+	fence    int64 // see acquire.sql: -1, or the grant's token (when not null)
+	pidCheck bool  // fence was not NULL: the statement ran on the expected backend
 	waited   float64
+	// release holds release.sql's parameters, the pid, key and prev_idle
+	// values as they came, in one buffer.
+	release [3][]byte
 }
 
 func (r *acquireRow) decode(v [][]byte) (err error) {
@@ -482,16 +485,21 @@ func (r *acquireRow) decode(v [][]byte) (err error) {
 	if r.key, err = decodeInt8(v[1]); err != nil {
 		return err
 	}
-	r.prevIdle = string(v[2])
-	if v[3] != nil {
-		f, err := decodeInt8(v[3])
-		if err != nil {
+	if r.pidCheck = v[3] != nil; r.pidCheck {
+		if r.fence, err = decodeInt8(v[3]); err != nil {
 			return err
 		}
-		r.fence = &f
 	}
-	r.waited, err = decodeFloat8(v[4])
-	return err
+	if r.waited, err = decodeFloat8(v[4]); err != nil {
+		return err
+	}
+	buf := make([]byte, 0, len(v[0])+len(v[1])+len(v[2]))
+	for i := range r.release {
+		start := len(buf)
+		buf = append(buf, v[i]...)
+		r.release[i] = buf[start:len(buf):len(buf)]
+	}
+	return nil
 }
 
 // acquire makes one attempt on a connection from the pool: one
@@ -521,13 +529,20 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 			return nil, err
 		}
 	}
-	args := [][]byte{[]byte(d.prefix + req.Name), int4(pid), []byte(ms)}
-	var r acquireRow
+	// The lease is made first: the row is decoded into it.
+	h := &lease{d: d, c: c, pg: pg, name: req.Name, ttl: req.TTL}
+	r := &h.acquireRow
+	buf := make([]byte, 0, len(d.prefix)+len(req.Name)+4+len(ms))
+	buf = append(append(buf, d.prefix...), req.Name...)
+	buf = binary.BigEndian.AppendUint32(buf, uint32(pid))
+	buf = append(buf, ms...)
+	n := len(d.prefix) + len(req.Name)
+	h.args = [3][]byte{buf[:n:n], buf[n : n+4 : n+4], buf[n+4:]}
 	sent := time.Now()
 	if wait {
 		var cancelled bool
 		cancelled, err = cancellable(ctx, pg, 0, func(qctx context.Context) error {
-			return d.waitStmt.run(qctx, c.Conn(), args, r.decode)
+			return d.waitStmt.run(qctx, c.Conn(), h.args[:], r)
 		})
 		if err == nil && cancelled {
 			// Granted as the wait was cancelled: closing the session gives
@@ -536,7 +551,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
 	} else {
-		err = d.tryStmt.run(ctx, c.Conn(), args, r.decode)
+		err = d.tryStmt.run(ctx, c.Conn(), h.args[:], r)
 	}
 	recv := time.Now()
 	if err != nil {
@@ -552,20 +567,20 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 		return nil, fmt.Errorf("postgres: acquiring %q: %w", req.Name, err)
 	}
 	switch {
-	case r.fence == nil:
+	case !r.pidCheck:
 		discard(c)
 		return nil, fmt.Errorf("%w: %w: connection started as backend %d, statement ran on backend %d", dlock.ErrNotAcquired, ErrPooler, pg.PID(), r.pid)
-	case *r.fence < 0:
+	case r.fence < 0:
 		c.Release() // nothing changed on the session
 		return nil, dlock.Busy(0)
 	}
 	var fence uint64
 	if d.fencing {
-		if *r.fence <= 0 {
+		if r.fence <= 0 {
 			discard(c)
 			return nil, fmt.Errorf("postgres: acquiring %q: no fencing token", req.Name)
 		}
-		fence = uint64(*r.fence)
+		fence = uint64(r.fence)
 	}
 	if wait {
 		// The TTL runs from the grant, which the server timed: sent plus the
@@ -573,15 +588,13 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 		w := time.Duration(r.waited * float64(time.Second))
 		sent = sent.Add(max(0, min(w, recv.Sub(sent))))
 	}
-	h := &lease{
-		d: d, c: c, pg: pg, name: req.Name, key: r.key, pid: r.pid, prevIdle: r.prevIdle,
-		lost: make(chan struct{}), lastSent: sent, ttl: req.TTL, idle: recv,
-	}
+	h.lastSent, h.idle = sent, recv
 	if !d.track(h) {
 		h.giveUp()
 		return nil, dlock.ErrClosed
 	}
-	return &dlock.Grant{Handle: h, Fence: fence, Lost: h.lost, Sent: sent}, nil
+	// Loss is reported through OnLost (dlock.LossNotifier) alone.
+	return &dlock.Grant{Handle: h, Fence: fence, Sent: sent}, nil
 }
 
 // track registers a lease holding a connection, starting the sweep if it is
@@ -737,6 +750,11 @@ type connError struct{ err error }
 
 func (e *connError) Error() string { return e.err.Error() }
 func (e *connError) Unwrap() error { return e.err }
+
+func isConnError(err error) bool {
+	var ce *connError
+	return errors.As(err, &ce)
+}
 
 // retryable reports an error after which a wait starts again: a connection
 // that ended or could not be made (a server restarting), a server starting up

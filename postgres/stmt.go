@@ -85,7 +85,7 @@ var errNoRow = errors.New("postgres: the statement returned no row")
 // DEALLOCATE) prepares it again. Any other mode says that the connection
 // may not keep prepared statements (a pooler between it and the server): s
 // then goes unnamed, parsed with every execution, in one round trip.
-func (s *stmt) run(ctx context.Context, c *pgx.Conn, params [][]byte, row func([][]byte) error) error {
+func (s *stmt) run(ctx context.Context, c *pgx.Conn, params [][]byte, row rowDecoder) error {
 	pg := c.PgConn()
 	data := pg.CustomData()
 	named, ok := data[namedStmts].(bool)
@@ -108,8 +108,7 @@ func (s *stmt) run(ctx context.Context, c *pgx.Conn, params [][]byte, row func([
 		// With the description prepare returned, no Describe goes with
 		// every execution (and no row description comes back).
 		err := s.read(pg.ExecStatement(ctx, sd, params, s.paramFmts, s.resultFmts), row)
-		var pe *pgconn.PgError
-		if !retried && errors.As(err, &pe) && pe.Code == "26000" { // invalid_sql_statement_name
+		if err != nil && !retried && isCode(err, "26000") { // invalid_sql_statement_name
 			delete(data, s.name)
 			continue
 		}
@@ -117,14 +116,25 @@ func (s *stmt) run(ctx context.Context, c *pgx.Conn, params [][]byte, row func([
 	}
 }
 
+func isCode(err error, code string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == code
+}
+
+// rowDecoder takes the values of a statement's one row, which are valid
+// during the call only.
+type rowDecoder interface {
+	decode(v [][]byte) error
+}
+
 // read reads the result of one execution of s.
-func (s *stmt) read(rr *pgconn.ResultReader, row func([][]byte) error) error {
+func (s *stmt) read(rr *pgconn.ResultReader, row rowDecoder) error {
 	var rerr error
 	got := false
 	for rr.NextRow() {
 		if v := rr.Values(); !got && len(v) == len(s.results) {
 			got = true
-			rerr = row(v)
+			rerr = row.decode(v)
 		}
 	}
 	if _, err := rr.Close(); err != nil {
@@ -138,10 +148,6 @@ func (s *stmt) read(rr *pgconn.ResultReader, row func([][]byte) error) error {
 
 // The binary wire formats of the few types the statements use. A NULL is a
 // nil value.
-
-func int4(v int32) []byte { return binary.BigEndian.AppendUint32(nil, uint32(v)) }
-
-func int8(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) }
 
 func decodeInt4(b []byte) (int32, error) {
 	if len(b) != 4 {
