@@ -21,7 +21,6 @@
 --
 -- Returns one row:
 --   pid        int4    pg_backend_pid()
---   key        int8    the lock's key
 --   prev_idle  text    idle_session_timeout before this statement, for release
 --   fence      int8    granted: the fencing token (0 without fencing); -1:
 --                      held by someone else; NULL: the pid did not match
@@ -45,7 +44,6 @@
 -- while the lock is held. A crash may therefore take back the last values
 -- handed out; the fencing epoch (fence.go) moves the sequence past them.
 SELECT pg_backend_pid() AS pid,
-       hashtextextended($1, 0) AS key,
        current_setting('idle_session_timeout') AS prev_idle,
        CASE WHEN $2 <> 0 AND pg_backend_pid() <> $2 THEN NULL
             WHEN set_config('synchronous_commit', 'off', true) IS NULL THEN NULL

@@ -7,7 +7,7 @@
 -- Parameters:
 --   $1 int4  the lease's backend pid: nothing is read or changed on another
 --            backend
---   $2 int8  the lock's key
+--   $2 text  the key text (acquire.sql's $1)
 --   $3 text  idle_session_timeout, in milliseconds: the lease's time left
 --
 -- Returns one row: pid int4, held bool (NULL on another backend), the setting.
@@ -16,7 +16,7 @@ SELECT pg_backend_pid() AS pid,
          SELECT 1 FROM pg_locks
          WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
            AND objsubid = 1
-           AND classid = (($2::int8 >> 32) & 4294967295)::oid
-           AND objid = ($2::int8 & 4294967295)::oid)
+           AND classid = ((hashtextextended($2, 0) >> 32) & 4294967295)::oid
+           AND objid = (hashtextextended($2, 0) & 4294967295)::oid)
        END AS held,
        CASE WHEN pg_backend_pid() = $1 THEN set_config('idle_session_timeout', $3, false) END AS idle

@@ -281,7 +281,7 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 	var held *bool
 	var idle *string
 	_, err := cancellable(ctx, h.pg, h.opLimit(0), func(qctx context.Context) error {
-		return h.c.QueryRow(qctx, heldSQL, h.pid, h.key, ms).Scan(&pid, &held, &idle)
+		return h.c.QueryRow(qctx, heldSQL, h.pid, h.d.prefix+h.name, ms).Scan(&pid, &held, &idle)
 	})
 	if err != nil {
 		if h.fail(err) {
@@ -325,12 +325,12 @@ func (h *lease) Release(ctx context.Context) error {
 		h.end(time.Time{}, 0, false)
 		return h.stmtError(ctx, "release", err)
 	}
-	if r.pid != h.pid || !r.unlocked {
+	if r.otherBackend || !r.unlocked {
 		defer h.end(time.Time{}, 0, false)
-		if err := h.checkPID("release", r.pid); err != nil {
-			return err
-		}
 		h.giveUp()
+		if r.otherBackend {
+			return h.notHeld("release", fmt.Errorf("%w: lease taken on backend %d, release ran on another backend", ErrPooler, h.pid))
+		}
 		return h.notHeld("release", errors.New("the session did not hold the lock"))
 	}
 	h.mu.Lock()
@@ -343,15 +343,15 @@ func (h *lease) Release(ctx context.Context) error {
 
 // releaseRow is release.sql's result.
 type releaseRow struct {
-	pid      int32
-	unlocked bool // false when NULL
+	unlocked     bool
+	otherBackend bool // unlocked was NULL
 }
 
 func (r *releaseRow) decode(v [][]byte) (err error) {
-	if r.pid, err = decodeInt4(v[0]); err != nil || v[1] == nil {
-		return err
+	if r.otherBackend = v[0] == nil; r.otherBackend {
+		return nil
 	}
-	r.unlocked, err = decodeBool(v[1])
+	r.unlocked, err = decodeBool(v[0])
 	return err
 }
 

@@ -460,21 +460,20 @@ func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, 
 }
 
 func newAcquireStmt(sql string) *stmt {
-	return newStmt(sql, []uint32{oidText, oidInt4, oidText}, []uint32{oidInt4, oidInt8, oidText, oidInt8, oidFloat8})
+	return newStmt(sql, []uint32{oidText, oidInt4, oidText}, []uint32{oidInt4, oidText, oidInt8, oidFloat8})
 }
 
 // releaseStmt is release.sql.
-var releaseStmt = newStmt(releaseSQL, []uint32{oidInt4, oidInt8, oidText}, []uint32{oidInt4, oidBool})
+var releaseStmt = newStmt(releaseSQL, []uint32{oidInt4, oidText, oidText}, []uint32{oidBool})
 
 // acquireRow is acquire.sql's result.
 type acquireRow struct {
 	pid      int32
-	key      int64
 	fence    int64 // see acquire.sql: -1, or the grant's token (when not null)
 	pidCheck bool  // fence was not NULL: the statement ran on the expected backend
 	waited   float64
-	// release holds release.sql's parameters, the pid, key and prev_idle
-	// values as they came, in one buffer.
+	// release holds release.sql's parameters: the pid and prev_idle values
+	// as they came (in one buffer), and the key text.
 	release [3][]byte
 }
 
@@ -482,23 +481,19 @@ func (r *acquireRow) decode(v [][]byte) (err error) {
 	if r.pid, err = decodeInt4(v[0]); err != nil {
 		return err
 	}
-	if r.key, err = decodeInt8(v[1]); err != nil {
-		return err
-	}
-	if r.pidCheck = v[3] != nil; r.pidCheck {
-		if r.fence, err = decodeInt8(v[3]); err != nil {
+	if r.pidCheck = v[2] != nil; r.pidCheck {
+		if r.fence, err = decodeInt8(v[2]); err != nil {
 			return err
 		}
 	}
-	if r.waited, err = decodeFloat8(v[4]); err != nil {
+	if r.waited, err = decodeFloat8(v[3]); err != nil {
 		return err
 	}
-	buf := make([]byte, 0, len(v[0])+len(v[1])+len(v[2]))
-	for i := range r.release {
-		start := len(buf)
-		buf = append(buf, v[i]...)
-		r.release[i] = buf[start:len(buf):len(buf)]
-	}
+	buf := make([]byte, 0, len(v[0])+len(v[1]))
+	buf = append(buf, v[0]...)
+	n := len(buf)
+	buf = append(buf, v[1]...)
+	r.release[0], r.release[2] = buf[:n:n], buf[n:]
 	return nil
 }
 
@@ -538,6 +533,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	buf = append(buf, ms...)
 	n := len(d.prefix) + len(req.Name)
 	h.args = [3][]byte{buf[:n:n], buf[n : n+4 : n+4], buf[n+4:]}
+	r.release[1] = h.args[0]
 	sent := time.Now()
 	if wait {
 		var cancelled bool

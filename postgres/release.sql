@@ -4,16 +4,16 @@
 --
 -- Parameters:
 --   $1 int4  the lease's backend pid: nothing is unlocked on another backend
---   $2 int8  the lock's key
+--   $2 text  the key text (acquire.sql's $1): the lock's key is
+--            hashtextextended($2, 0)
 --   $3 text  the idle_session_timeout to restore (prev_idle of acquire.sql)
 --
--- Returns one row: pid int4, unlocked bool (pg_advisory_unlock's result: false
--- when this session did not hold the lock, and then the setting is left as it
--- is, the connection being closed anyway; NULL on another backend). The
--- unlock comes first (the nested CASE orders the two calls): a waiter is
--- granted the lock while this statement restores the setting.
-SELECT pg_backend_pid() AS pid,
-       CASE WHEN pg_backend_pid() = $1 THEN
-         CASE WHEN pg_advisory_unlock($2::int8) THEN set_config('idle_session_timeout', $3, false) IS NOT NULL
+-- Returns one row: unlocked bool (pg_advisory_unlock's result: false when
+-- this session did not hold the lock, and then the setting is left as it is,
+-- the connection being closed anyway; NULL on another backend). The unlock
+-- comes first (the nested CASE orders the two calls): a waiter is granted the
+-- lock while this statement restores the setting.
+SELECT CASE WHEN pg_backend_pid() = $1 THEN
+         CASE WHEN pg_advisory_unlock(hashtextextended($2, 0)) THEN set_config('idle_session_timeout', $3, false) IS NOT NULL
               ELSE false END
        END AS unlocked
