@@ -341,7 +341,7 @@ func (l *locker) Close(ctx context.Context) error {
 }
 
 // newToken returns 128 random bits, hex-encoded. The bits come from
-// crypto/rand, read a few hundred tokens' worth at a time; every byte is
+// crypto/rand, read 32 tokens' worth at a time; every byte is
 // handed out once.
 func newToken() string {
 	tb := tokenBufs.Get().(*tokenBuf)
