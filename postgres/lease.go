@@ -30,6 +30,10 @@ type lease struct {
 	acquireRow            // pid is the backend that holds the lock
 	onLost     func()     // called once the lease is given up (dlock.LossNotifier); under mu
 	relRow     releaseRow // release.sql's result
+	// ms is the session's idle_session_timeout, in milliseconds, as the
+	// acquisition or the last refresh set it; "" after held.sql set it to
+	// the time left. The Locker serialises the statements that use it.
+	ms string
 
 	mu       sync.Mutex
 	busy     bool          // a statement is running
@@ -262,6 +266,7 @@ func (h *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 		defer h.end(sent, ttl, false)
 		return 0, h.checkPID("refresh", pid)
 	}
+	h.ms = ms
 	h.end(sent, ttl, true)
 	return ttl, nil
 }
@@ -280,6 +285,7 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 	var pid int32
 	var held *bool
 	var idle *string
+	h.ms = "" // whatever comes of it
 	_, err := cancellable(ctx, h.pg, h.opLimit(0), func(qctx context.Context) error {
 		return h.c.QueryRow(qctx, heldSQL, h.pid, h.d.prefix+h.name, ms).Scan(&pid, &held, &idle)
 	})
@@ -302,16 +308,26 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 }
 
 // Release runs release.sql on the lease's session: pg_advisory_unlock, whose
-// result says whether the session held the lock, and the session's
-// idle_session_timeout restored. Only then does the connection go back to the
-// pool. ctx is pgx's: when it ends mid-statement pgx closes the connection,
-// which ends the session and frees the lock; the lease then reports loss.
+// result says whether the session held the lock, and the session's settings
+// restored. Only then does the connection go back to the pool, or, parked
+// (see driver.park), with its settings left for the next acquisition and
+// restored later. ctx is pgx's: when it ends mid-statement pgx closes the
+// connection, which ends the session and frees the lock; the lease then
+// reports loss.
 func (h *lease) Release(ctx context.Context) error {
 	if err := h.begin(); err != nil {
 		return h.notHeld("release", err)
 	}
 	r := &h.relRow
-	err := releaseStmt.run(ctx, h.c.Conn(), h.release[:], r)
+	park := h.ms != "" && h.ttl >= parkMinTTL && h.d.reserve()
+	st := releaseStmt
+	if park {
+		st = releaseKept
+	}
+	err := st.run(ctx, h.c.Conn(), h.release[:], r)
+	if park && (err != nil || r.otherBackend || !r.unlocked) {
+		h.d.unreserve()
+	}
 	if err != nil {
 		if h.fail(err) {
 			if ctx.Err() != nil {
@@ -336,7 +352,11 @@ func (h *lease) Release(ctx context.Context) error {
 	h.mu.Lock()
 	h.busy, h.gone = false, true
 	h.mu.Unlock()
-	h.c.Release()
+	if park {
+		h.d.park(parked{c: h.c, ms: h.ms, orig: [2][]byte{h.release[2], h.release[3]}, at: time.Now()})
+	} else {
+		h.c.Release()
+	}
 	h.d.untrack(h)
 	return nil
 }

@@ -101,7 +101,13 @@
 //
 // Costs: an acquisition is one round trip (fencing adds a nextval), a
 // release one round trip, and the watchdog one round trip every
-// TTL/3; a lease, and a waiting Acquire, keep one connection, a lease idle
+// TTL/3. A lease's session has its idle_session_timeout and
+// synchronous_commit changed; after a release of a lease whose TTL is a
+// second or more, its connection stays out of the pool for up to 100ms,
+// parked with those settings for the next acquisition, which then changes
+// none (see driver.park; a quarter of the pool's MaxConns are parked at
+// most), and goes back with them restored. A lease, and a waiting Acquire,
+// keep one connection, a lease idle
 // for 50ms one goroutine reading it, and a Locker holding leases one
 // goroutine that looks at them every 50ms (no timer per lease). The
 // acquiring and releasing statements are prepared once per connection, under
@@ -113,8 +119,9 @@
 // statement takes nextval after the grant, so tokens follow grant order.
 // A sequence only grows while the server runs, but a crash can take back its
 // last values: PostgreSQL writes a sequence's WAL record ahead of 32 values,
-// and the acquiring statement commits with synchronous_commit off (for its
-// own transaction only), so that a grant never waits for a WAL flush while
+// and a lease's session has synchronous_commit off (its statements write no
+// other WAL; the setting is restored before the connection returns to the
+// pool), so that a grant never waits for a WAL flush while
 // it holds the lock; the WAL writer flushes such commits within three
 // wal_writer_delay (600ms by default). So each server start is an
 // epoch: before a connection hands out its first token, it makes sure that
@@ -206,15 +213,25 @@ var (
 	releaseSQL string
 )
 
-// The {{take}} clauses of acquire.sql. Acquire sets the session's idle
-// timeout before it queues, so that nothing but the fencing token is left to
-// do once the lock is granted; TryAcquire sets it only once granted, so that
-// a busy lock leaves the session as it was.
+// The {{take}} clauses of acquire.sql. Acquire sets the session up before it
+// queues, so that nothing but the fencing token is left to do once the lock
+// is granted; TryAcquire sets it up only once granted, so that a busy lock
+// leaves the session as it was. The ...Kept variants run on a connection kept
+// from a lease of the same TTL, set up already (see driver.park).
 const (
-	waitTake = `WHEN set_config('idle_session_timeout', $3, false) IS NULL THEN NULL
-            WHEN pg_advisory_lock(hashtextextended($1, 0)) IS NOT NULL THEN {{fence}}`
-	tryTake = `WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN
-              CASE WHEN set_config('idle_session_timeout', $3, false) IS NOT NULL THEN {{fence}} END`
+	setUp = `WHEN set_config('idle_session_timeout', $3, false) IS NULL THEN NULL
+            WHEN set_config('synchronous_commit', 'off', false) IS NULL THEN NULL`
+	waitTake     = setUp + "\n            " + waitTakeKept
+	waitTakeKept = `WHEN pg_advisory_lock(hashtextextended($1, 0)) IS NOT NULL THEN {{fence}}`
+	tryTake      = `WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN
+              CASE ` + setUp + ` ELSE {{fence}} END`
+	tryTakeKept = `WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN {{fence}}`
+)
+
+// The {{restore}} clauses of release.sql.
+const (
+	restore     = `set_config('idle_session_timeout', $3, false) IS NOT NULL AND set_config('synchronous_commit', $4, false) IS NOT NULL`
+	restoreKept = `true`
 )
 
 const (
@@ -240,8 +257,14 @@ const (
 	cancelRetry = 100 * time.Millisecond
 	// watchDelay is how long a lease's connection must have been idle
 	// before it is watched for the server ending the session; shorter leases
-	// skip the watch's cost.
+	// skip the watch's cost. It is also how long a released lease's
+	// connection may stay parked (see driver.park).
 	watchDelay = 50 * time.Millisecond
+	// parkMinTTL is the shortest idle_session_timeout a released lease's
+	// session may have for its connection to be parked: far longer than a
+	// parked connection stays idle (two watchDelays at most, and the
+	// statement that restores its settings).
+	parkMinTTL = time.Second
 	// expiryGrace is how long after its server-side expiry a lease's
 	// connection is given up when the server's word that it ended the
 	// session has not come (a partition).
@@ -357,12 +380,18 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 		leases:   make(map[*lease]struct{}),
 		closing:  make(chan struct{}),
 	}
+	if pool.Config() != nil { // nil for a zero Pool (tests)
+		d.maxParked = max(1, int(pool.Config().MaxConns)/4)
+	}
 	fence := "0::int8"
 	if d.fencing {
 		fence = "nextval(" + d.fence.seqLit + ")"
 	}
-	d.waitStmt = newAcquireStmt(strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(waitTake, "{{fence}}", fence)))
-	d.tryStmt = newAcquireStmt(strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(tryTake, "{{fence}}", fence)))
+	acquire := func(take string) *stmt {
+		return newAcquireStmt(strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(take, "{{fence}}", fence)))
+	}
+	d.waitStmt, d.waitKept = acquire(waitTake), acquire(waitTakeKept)
+	d.tryStmt, d.tryKept = acquire(tryTake), acquire(tryTakeKept)
 	l, err := dlock.New(d, &o.Lock)
 	return l, d, err
 }
@@ -375,13 +404,17 @@ type driver struct {
 	fence    fenceObjects
 	checkPID bool // the backend pid must be the one of the startup message
 
-	waitStmt *stmt // acquire.sql that waits, with the fencing expression in place
-	tryStmt  *stmt // acquire.sql that tries once
+	// acquire.sql, with the fencing expression in place: waiting or trying
+	// once, setting the session up or (Kept) finding it set up already
+	waitStmt, waitKept, tryStmt, tryKept *stmt
+	maxParked                            int // see park
 
 	mu       sync.Mutex
 	closed   bool
 	closing  chan struct{}       // closed by Close
 	leases   map[*lease]struct{} // holding a connection
+	parked   []parked            // oldest first
+	parking  int                 // connections of releases that will park them
 	sweeping bool                // sweep runs
 	wg       sync.WaitGroup      // sweep and the connection watchers
 }
@@ -460,11 +493,19 @@ func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, 
 }
 
 func newAcquireStmt(sql string) *stmt {
-	return newStmt(sql, []uint32{oidText, oidInt4, oidText}, []uint32{oidInt4, oidText, oidInt8, oidFloat8})
+	return newStmt(sql, []uint32{oidText, oidInt4, oidText}, []uint32{oidInt4, oidText, oidText, oidInt8, oidFloat8})
 }
 
-// releaseStmt is release.sql.
-var releaseStmt = newStmt(releaseSQL, []uint32{oidInt4, oidText, oidText}, []uint32{oidBool})
+// releaseStmt is release.sql, restoring the session's settings;
+// releaseKept leaves them for the connection to be parked.
+var (
+	releaseStmt = newReleaseStmt(restore)
+	releaseKept = newReleaseStmt(restoreKept)
+)
+
+func newReleaseStmt(restore string) *stmt {
+	return newStmt(strings.ReplaceAll(releaseSQL, "{{restore}}", restore), []uint32{oidInt4, oidText, oidText, oidText}, []uint32{oidBool})
+}
 
 // acquireRow is acquire.sql's result.
 type acquireRow struct {
@@ -472,40 +513,47 @@ type acquireRow struct {
 	fence    int64 // see acquire.sql: -1, or the grant's token (when not null)
 	pidCheck bool  // fence was not NULL: the statement ran on the expected backend
 	waited   float64
-	// release holds release.sql's parameters: the pid and prev_idle values
-	// as they came (in one buffer), and the key text.
-	release [3][]byte
+	// release holds release.sql's parameters: the pid, the key text, and
+	// the settings to restore (the pid and prev_ values as they came, in
+	// one buffer; those of a parked connection are its own).
+	release [4][]byte
 }
 
 func (r *acquireRow) decode(v [][]byte) (err error) {
 	if r.pid, err = decodeInt4(v[0]); err != nil {
 		return err
 	}
-	if r.pidCheck = v[2] != nil; r.pidCheck {
-		if r.fence, err = decodeInt8(v[2]); err != nil {
+	if r.pidCheck = v[3] != nil; r.pidCheck {
+		if r.fence, err = decodeInt8(v[3]); err != nil {
 			return err
 		}
 	}
-	if r.waited, err = decodeFloat8(v[3]); err != nil {
+	if r.waited, err = decodeFloat8(v[4]); err != nil {
 		return err
 	}
-	buf := make([]byte, 0, len(v[0])+len(v[1]))
+	buf := make([]byte, 0, len(v[0])+len(v[1])+len(v[2]))
 	buf = append(buf, v[0]...)
 	n := len(buf)
 	buf = append(buf, v[1]...)
-	r.release[0], r.release[2] = buf[:n:n], buf[n:]
+	m := len(buf)
+	buf = append(buf, v[2]...)
+	r.release[0], r.release[2], r.release[3] = buf[:n:n], buf[n:m:m], buf[m:]
 	return nil
 }
 
 // acquire makes one attempt on a connection from the pool: one
 // pg_try_advisory_lock, or one wait in pg_advisory_lock.
 func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait bool) (*dlock.Grant, error) {
-	c, err := d.pool.Acquire(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+	kept, ok := d.unpark()
+	c := kept.c
+	if !ok {
+		var err error
+		if c, err = d.pool.Acquire(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+			}
+			return nil, fmt.Errorf("postgres: getting a connection: %w", err)
 		}
-		return nil, fmt.Errorf("postgres: getting a connection: %w", err)
 	}
 	pg := c.Conn().PgConn()
 	var pid int32
@@ -525,7 +573,11 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 		}
 	}
 	// The lease is made first: the row is decoded into it.
-	h := &lease{d: d, c: c, pg: pg, name: req.Name, ttl: req.TTL}
+	h := &lease{d: d, c: c, pg: pg, name: req.Name, ttl: req.TTL, ms: ms}
+	waitStmt, tryStmt := d.waitStmt, d.tryStmt
+	if ok && kept.ms == ms {
+		waitStmt, tryStmt = d.waitKept, d.tryKept
+	}
 	r := &h.acquireRow
 	buf := make([]byte, 0, len(d.prefix)+len(req.Name)+4+len(ms))
 	buf = append(append(buf, d.prefix...), req.Name...)
@@ -535,10 +587,11 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	h.args = [3][]byte{buf[:n:n], buf[n : n+4 : n+4], buf[n+4:]}
 	r.release[1] = h.args[0]
 	sent := time.Now()
+	var err error
 	if wait {
 		var cancelled bool
 		cancelled, err = cancellable(ctx, pg, 0, func(qctx context.Context) error {
-			return d.waitStmt.run(qctx, c.Conn(), h.args[:], r)
+			return waitStmt.run(qctx, c.Conn(), h.args[:], r)
 		})
 		if err == nil && cancelled {
 			// Granted as the wait was cancelled: closing the session gives
@@ -547,7 +600,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
 	} else {
-		err = d.tryStmt.run(ctx, c.Conn(), h.args[:], r)
+		err = tryStmt.run(ctx, c.Conn(), h.args[:], r)
 	}
 	recv := time.Now()
 	if err != nil {
@@ -566,9 +619,16 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	case !r.pidCheck:
 		discard(c)
 		return nil, fmt.Errorf("%w: %w: connection started as backend %d, statement ran on backend %d", dlock.ErrNotAcquired, ErrPooler, pg.PID(), r.pid)
-	case r.fence < 0:
-		c.Release() // nothing changed on the session
+	case r.fence < 0: // nothing changed on the session
+		if ok {
+			d.repark(kept)
+		} else {
+			c.Release()
+		}
 		return nil, dlock.Busy(0)
+	}
+	if ok {
+		r.release[2], r.release[3] = kept.orig[0], kept.orig[1]
 	}
 	var fence uint64
 	if d.fencing {
@@ -602,30 +662,148 @@ func (d *driver) track(h *lease) bool {
 		return false
 	}
 	d.leases[h] = struct{}{}
+	d.startSweep()
+	return true
+}
+
+// startSweep starts the sweep if it is not running; d.mu is held.
+func (d *driver) startSweep() {
 	if !d.sweeping {
 		d.sweeping = true
 		d.wg.Add(1)
 		go d.sweep()
 	}
+}
+
+// parked is a connection that a released lease left set up (see park).
+type parked struct {
+	c    *pgxpool.Conn
+	ms   string    // its idle_session_timeout, in milliseconds
+	orig [2][]byte // its settings before: idle_session_timeout, synchronous_commit
+	at   time.Time // when it was parked
+}
+
+// A released lease's connection may be parked instead of going back to the
+// pool with its settings restored: the release then only unlocks, and the
+// next acquisition on it, of the same TTL, only locks; neither changes a
+// setting, which saves the server work on every handoff (on PostgreSQL 15, a
+// transaction that changed a setting walks them all as it ends). A parked
+// connection stays out of the pool for two watchDelays at most: the sweep
+// then restores its settings and hands it back. Only sessions whose
+// idle_session_timeout is at least parkMinTTL are parked (the server must
+// not end them meanwhile), and at most maxParked connections (a quarter of
+// the pool's MaxConns, at least one) at a time.
+//
+// reserve claims a place for a connection about to be parked; park parks
+// it, unreserve gives the place up.
+func (d *driver) reserve() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || len(d.parked)+d.parking >= d.maxParked {
+		return false
+	}
+	d.parking++
 	return true
 }
 
-// sweep runs while the driver has leases: every watchDelay it has each one
-// look at its connection (lease.sweep). One goroutine and one ticker per
-// driver, rather than a timer per lease, keep an acquisition cheap.
+func (d *driver) unreserve() {
+	d.mu.Lock()
+	d.parking--
+	d.mu.Unlock()
+}
+
+func (d *driver) park(p parked) {
+	d.mu.Lock()
+	d.parking--
+	d.mu.Unlock()
+	d.repark(p)
+}
+
+// repark parks p again (an acquisition that took it found the lock busy);
+// once the driver is closed, it closes p's connection instead.
+func (d *driver) repark(p parked) {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		discard(p.c)
+		return
+	}
+	d.parked = append(d.parked, p)
+	d.startSweep()
+	d.mu.Unlock()
+}
+
+// unpark takes the connection parked last, if any.
+func (d *driver) unpark() (parked, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := len(d.parked)
+	if n == 0 {
+		return parked{}, false
+	}
+	p := d.parked[n-1]
+	d.parked[n-1] = parked{}
+	d.parked = d.parked[:n-1]
+	return p, true
+}
+
+// unparkOld takes the connections parked for watchDelay or longer.
+func (d *driver) unparkOld(now time.Time, into []parked) []parked {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	kept := d.parked[:0]
+	for _, p := range d.parked {
+		if now.Sub(p.at) >= watchDelay {
+			into = append(into, p)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	clear(d.parked[len(kept):])
+	d.parked = kept
+	return into
+}
+
+// restoreSQL gives a parked connection's session its settings back.
+const restoreSQL = "SELECT set_config('idle_session_timeout', $1, false), set_config('synchronous_commit', $2, false)"
+
+// unparkTo hands a parked connection back to the pool, its settings
+// restored, or closes it if they could not be.
+func unparkTo(p parked) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_, err := p.c.Conn().PgConn().ExecParams(ctx, restoreSQL, p.orig[:], nil, nil, nil).Close()
+	if err != nil {
+		discard(p.c)
+		return
+	}
+	p.c.Release()
+}
+
+// sweep runs while the driver has leases or parked connections: every
+// watchDelay it has each lease look at its connection (lease.sweep) and
+// hands the connections parked since the last time back to the pool. One
+// goroutine and one ticker per driver, rather than a timer per lease, keep
+// an acquisition cheap.
 func (d *driver) sweep() {
 	defer d.wg.Done()
 	t := time.NewTicker(watchDelay)
 	defer t.Stop()
 	var batch []*lease
+	var old []parked
 	for {
 		select {
 		case <-d.closing:
 			return
 		case <-t.C:
 		}
+		old = d.unparkOld(time.Now(), old[:0])
+		for _, p := range old {
+			unparkTo(p)
+		}
+		clear(old)
 		d.mu.Lock()
-		if len(d.leases) == 0 {
+		if len(d.leases) == 0 && len(d.parked) == 0 && d.parking == 0 {
 			d.sweeping = false
 			d.mu.Unlock()
 			return
@@ -662,9 +840,14 @@ func (d *driver) Close() error {
 	for h := range d.leases {
 		leases = append(leases, h)
 	}
+	parked := d.parked
+	d.parked = nil
 	d.mu.Unlock()
 	for _, h := range leases {
 		h.giveUp()
+	}
+	for _, p := range parked {
+		discard(p.c) // nothing to keep: no lock, no setting worth a statement
 	}
 	d.wg.Wait()
 	if d.ownsPool {

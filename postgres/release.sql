@@ -1,19 +1,24 @@
 -- release.sql: unlock the lease's advisory lock on its own session and give
--- the session its idle_session_timeout back, so that the connection can
--- return to the pool.
+-- the session its settings back, so that the connection can return to the
+-- pool.
 --
 -- Parameters:
 --   $1 int4  the lease's backend pid: nothing is unlocked on another backend
 --   $2 text  the key text (acquire.sql's $1): the lock's key is
 --            hashtextextended($2, 0)
---   $3 text  the idle_session_timeout to restore (prev_idle of acquire.sql)
+--   $3 text  the idle_session_timeout and
+--   $4 text  the synchronous_commit to restore (acquire.sql's prev_ columns)
+--
+-- Placeholder {{restore}}: the set_config calls that restore $3 and $4, or
+-- nothing when the driver keeps the connection for its next lease (see
+-- driver.park), and the sweep restores them later, off the lock's path.
 --
 -- Returns one row: unlocked bool (pg_advisory_unlock's result: false when
--- this session did not hold the lock, and then the setting is left as it is,
--- the connection being closed anyway; NULL on another backend). The unlock
--- comes first (the nested CASE orders the two calls): a waiter is granted the
--- lock while this statement restores the setting.
+-- this session did not hold the lock, and then the settings are left as
+-- they are, the connection being closed anyway; NULL on another backend).
+-- The unlock comes first (the nested CASE orders the calls): a waiter is
+-- granted the lock while this statement restores the settings.
 SELECT CASE WHEN pg_backend_pid() = $1 THEN
-         CASE WHEN pg_advisory_unlock(hashtextextended($2, 0)) THEN set_config('idle_session_timeout', $3, false) IS NOT NULL
+         CASE WHEN pg_advisory_unlock(hashtextextended($2, 0)) THEN {{restore}}
               ELSE false END
        END AS unlocked

@@ -61,7 +61,7 @@ func newStmt(sql string, params, results []uint32) *stmt {
 // prepare prepares s on pg and checks the types the server gave its
 // parameters and columns.
 func (s *stmt) prepare(ctx context.Context, pg *pgconn.PgConn) (*pgconn.StatementDescription, error) {
-	sd, err := pg.Prepare(ctx, s.name, s.sql, nil)
+	sd, err := pg.Prepare(ctx, s.name, s.sql, s.params) // typed: a variant may leave a parameter unused
 	if err != nil {
 		return nil, err
 	}

@@ -174,9 +174,9 @@ func appPool(t *testing.T, addr, params string, maxConns int32) *pgxpool.Pool {
 
 // New takes the application's pool: a lease holds one of its connections,
 // and gives it back after the release with the session's settings as they
-// were (idle_session_timeout, and synchronous_commit, which acquisitions turn
-// off for their own transaction only), whether it waited, tried, or found
-// the lock busy. Closing the Locker leaves the pool open.
+// were (idle_session_timeout and synchronous_commit, which a lease's session
+// has at the TTL and off), whether it waited, tried, or found the lock busy.
+// Closing the Locker leaves the pool open.
 func TestApplicationPool(t *testing.T) {
 	ctx := testCtx(t)
 	srv := servers.Require(t, servers.Postgres)
@@ -218,8 +218,13 @@ func TestApplicationPool(t *testing.T) {
 		if err := ls.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if n := pool.Stat().AcquiredConns(); n != 0 {
-			t.Errorf("after release %d connections stay acquired", n)
+		// A TTL of 2s lets the released lease's connection be parked, set
+		// up for the next acquisition, for two watchDelays (100ms) before
+		// it goes back with its settings restored; allowed: 1s.
+		for deadline := time.Now().Add(time.Second); pool.Stat().AcquiredConns() != 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("1s after release %d connections stay acquired", pool.Stat().AcquiredConns())
+			}
 		}
 		settingsKept(what)
 	}
@@ -231,6 +236,73 @@ func TestApplicationPool(t *testing.T) {
 	}
 	if _, err := postgres.New(nil, nil); !errors.Is(err, dlock.ErrInvalid) {
 		t.Errorf("New(nil): got %v, want ErrInvalid", err)
+	}
+}
+
+// A released lease whose TTL is parkMinTTL (1s) or more leaves its
+// connection parked, set up for the next acquisition, which runs on the same
+// session; within 1s the connection is back in the pool with the
+// application's settings. A shorter TTL gives the connection back at once.
+func TestParkedConnection(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	pool := appPool(t, srv.Addr(), "&idle_session_timeout=77000", 4) // parks one
+	l, err := postgres.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	name := uniqueName(t)
+	holder := func() (pid int32) {
+		t.Helper()
+		err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+			AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid AND objid = (hashtextextended($1, 0) & 4294967295)::oid`, name).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	cycle := func(acquire func(context.Context, string, *dlock.Options) (*dlock.Lease, error), ttl time.Duration) int32 {
+		t.Helper()
+		ls, err := acquire(ctx, name, &dlock.Options{TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := holder()
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	pid := cycle(l.Acquire, 2*time.Second)
+	if n := pool.Stat().AcquiredConns(); n != 1 {
+		t.Errorf("right after a release with a 2s TTL, %d connections are out of the pool, want 1 (parked)", n)
+	}
+	if again := cycle(l.TryAcquire, 2*time.Second); again != pid {
+		t.Errorf("the next acquisition ran on backend %d, want %d (the parked connection's)", again, pid)
+	}
+	for deadline := time.Now().Add(time.Second); pool.Stat().AcquiredConns() != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("1s after the release %d connections stay out of the pool", pool.Stat().AcquiredConns())
+		}
+	}
+	idle := pool.AcquireAllIdle(ctx)
+	for _, c := range idle {
+		var idle, sync string
+		if err := c.QueryRow(ctx, "SELECT current_setting('idle_session_timeout'), current_setting('synchronous_commit')").Scan(&idle, &sync); err != nil {
+			t.Fatal(err)
+		}
+		if idle != "77s" || sync != "on" {
+			t.Errorf("a connection back from parking has idle_session_timeout %q, synchronous_commit %q; want the pool's own 77s, on", idle, sync)
+		}
+		c.Release()
+	}
+	if len(idle) == 0 {
+		t.Error("no idle connection in the pool")
+	}
+	cycle(l.Acquire, 500*time.Millisecond)
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("right after a release with a 500ms TTL, %d connections are out of the pool, want 0", n)
 	}
 }
 
