@@ -26,10 +26,11 @@ type lease struct {
 	c          *pgxpool.Conn
 	pg         *pgconn.PgConn
 	name       string
-	args       [3][]byte  // acquire.sql's parameters (here, not on the heap on their own)
-	acquireRow            // pid is the backend that holds the lock
-	onLost     func()     // called once the lease is given up (dlock.LossNotifier); under mu
-	relRow     releaseRow // release.sql's result
+	args       [3][]byte   // acquire.sql's parameters (here, not on the heap on their own)
+	acquireRow             // pid is the backend that holds the lock
+	onLost     func()      // called once the lease is given up (dlock.LossNotifier); under mu
+	relRow     releaseRow  // release.sql's result
+	cw         cancelWatch // of the statement running (see cancellable)
 	// ms is the session's idle_session_timeout, in milliseconds, as the
 	// acquisition or the last refresh set it; "" after held.sql set it to
 	// the time left. The Locker serialises the statements that use it.
@@ -252,8 +253,8 @@ func (h *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	var pid int32
 	var idle *string
 	sent := time.Now()
-	_, err = cancellable(ctx, h.pg, h.opLimit(ttl), func(qctx context.Context) error {
-		return h.c.QueryRow(qctx, refreshSQL, h.pid, ms).Scan(&pid, &idle)
+	_, err = h.cw.cancellable(ctx, h.pg, h.opLimit(ttl), func() error {
+		return h.c.QueryRow(context.Background(), refreshSQL, h.pid, ms).Scan(&pid, &idle)
 	})
 	if err != nil {
 		if h.fail(err) {
@@ -286,8 +287,8 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 	var held *bool
 	var idle *string
 	h.ms = "" // whatever comes of it
-	_, err := cancellable(ctx, h.pg, h.opLimit(0), func(qctx context.Context) error {
-		return h.c.QueryRow(qctx, heldSQL, h.pid, h.d.prefix+h.name, ms).Scan(&pid, &held, &idle)
+	_, err := h.cw.cancellable(ctx, h.pg, h.opLimit(0), func() error {
+		return h.c.QueryRow(context.Background(), heldSQL, h.pid, h.d.prefix+h.name, ms).Scan(&pid, &held, &idle)
 	})
 	if err != nil {
 		if h.fail(err) {

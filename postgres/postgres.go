@@ -380,9 +380,7 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 		leases:   make(map[*lease]struct{}),
 		closing:  make(chan struct{}),
 	}
-	if pool.Config() != nil { // nil for a zero Pool (tests)
-		d.maxParked = max(1, int(pool.Config().MaxConns)/4)
-	}
+	d.maxParked = max(1, int(pool.Config().MaxConns)/4)
 	fence := "0::int8"
 	if d.fencing {
 		fence = "nextval(" + d.fence.seqLit + ")"
@@ -590,8 +588,8 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 	var err error
 	if wait {
 		var cancelled bool
-		cancelled, err = cancellable(ctx, pg, 0, func(qctx context.Context) error {
-			return waitStmt.run(qctx, c.Conn(), h.args[:], r)
+		cancelled, err = h.cw.cancellable(ctx, pg, 0, func() error {
+			return waitStmt.run(context.Background(), c.Conn(), h.args[:], r)
 		})
 		if err == nil && cancelled {
 			// Granted as the wait was cancelled: closing the session gives
@@ -873,8 +871,9 @@ func discard(c *pgxpool.Conn) {
 // still runs cancelGrace later (the server is unreachable), or after limit
 // (when not zero), does the connection get a deadline in the past: the
 // statement fails and pgx closes the connection. cancellable waits for its
-// cancel requests to finish; it reports whether it sent any.
-func cancellable(ctx context.Context, pg *pgconn.PgConn, limit time.Duration, q func(context.Context) error) (cancelled bool, err error) {
+// cancel requests to finish; it reports whether it sent any. w is the
+// lease's: its statements run one at a time.
+func (w *cancelWatch) cancellable(ctx context.Context, pg *pgconn.PgConn, limit time.Duration, q func() error) (cancelled bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -882,45 +881,84 @@ func cancellable(ctx context.Context, pg *pgconn.PgConn, limit time.Duration, q 
 	if limit > 0 {
 		_ = conn.SetDeadline(time.Now().Add(limit))
 	}
+	gaveUp := false
 	if ctx.Done() == nil {
-		err = q(context.Background())
+		err = q()
 	} else {
-		done := make(chan struct{})
-		callback := make(chan struct{})
-		stop := context.AfterFunc(ctx, func() {
-			defer close(callback)
-			cancelled = true
-			// A request under way is let finish even once q returned, so that
-			// none reaches the server later and cancels the next statement.
-			gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), cancelGrace)
-			defer gcancel()
-			t := time.NewTimer(0)
-			defer t.Stop()
-			for {
-				select {
-				case <-done:
-					return
-				case <-gctx.Done():
-					// The server did not answer: give the connection up.
-					_ = conn.SetDeadline(time.Now())
-					limit = -1 // reset below if q succeeded nonetheless
-					return
-				case <-t.C:
-					_ = pg.CancelRequest(gctx)
-					t.Reset(cancelRetry)
-				}
-			}
-		})
-		err = q(context.Background())
-		close(done)
-		if !stop() {
-			<-callback
+		if w.fire == nil {
+			w.fire = w.watch
 		}
+		w.ctx, w.pg = ctx, pg
+		w.wg.Add(1)
+		stop := context.AfterFunc(ctx, w.fire)
+		err = q()
+		if stop() {
+			w.wg.Done() // w.watch will not run
+		} else {
+			w.mu.Lock()
+			w.finished = true
+			if w.done != nil {
+				close(w.done)
+			}
+			w.mu.Unlock()
+			w.wg.Wait()
+		}
+		cancelled, gaveUp = w.cancelled, w.gaveUp
+		*w = cancelWatch{fire: w.fire}
 	}
-	if limit != 0 && !pg.IsClosed() {
+	if (limit != 0 || gaveUp) && !pg.IsClosed() {
 		_ = conn.SetDeadline(time.Time{})
 	}
 	return cancelled, err
+}
+
+// cancelWatch is the state of one cancellable statement, in the lease (no
+// allocation per statement but the AfterFunc's own).
+type cancelWatch struct {
+	fire      func() // watch, bound once
+	ctx       context.Context
+	pg        *pgconn.PgConn
+	wg        sync.WaitGroup // watch, when it runs
+	mu        sync.Mutex
+	finished  bool          // the statement returned
+	done      chan struct{} // made by watch, closed when the statement returns
+	cancelled bool          // watch sent cancel requests
+	gaveUp    bool          // watch set a deadline in the past
+}
+
+// watch runs when the statement's ctx ends first: it sends cancel requests
+// until the statement returns, or gives the connection up cancelGrace later.
+func (w *cancelWatch) watch() {
+	defer w.wg.Done()
+	w.mu.Lock()
+	if w.finished {
+		w.mu.Unlock()
+		return
+	}
+	w.cancelled = true
+	w.done = make(chan struct{})
+	done := w.done
+	w.mu.Unlock()
+	// A request under way is let finish even once the statement returned,
+	// so that none reaches the server later and cancels the next statement.
+	gctx, gcancel := context.WithTimeout(context.WithoutCancel(w.ctx), cancelGrace)
+	defer gcancel()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-gctx.Done():
+			// The server did not answer: give the connection up.
+			_ = w.pg.Conn().SetDeadline(time.Now())
+			w.gaveUp = true // reset by cancellable if the statement succeeded nonetheless
+			return
+		case <-t.C:
+			_ = w.pg.CancelRequest(gctx)
+			t.Reset(cancelRetry)
+		}
+	}
 }
 
 // connError marks the failure of a statement whose connection ended: its
