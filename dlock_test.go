@@ -181,3 +181,44 @@ func TestCallsBehindStuckRefreshEndWithCtx(t *testing.T) {
 		t.Fatalf("Release after the heal: %v", err)
 	}
 }
+
+// Close ends a wait whose ctx never ends: context.Background() and
+// context.TODO() waits run on the Locker's own closing context rather than
+// one of their own (see locker.acquire).
+func TestCloseEndsBackgroundWaits(t *testing.T) {
+	for _, ctx := range []context.Context{context.Background(), context.TODO()} {
+		store := memory.NewStore()
+		l, err := memory.New(store, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, err := l.TryAcquire(ctx, "x", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			_, err := l.Acquire(ctx, "x", nil)
+			got <- err
+		}()
+		for store.Watchers("x") == 0 { // the waiter waits for a release
+			time.Sleep(time.Millisecond)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- l.Close(context.Background()) }()
+		select {
+		case err := <-got:
+			if !errors.Is(err, dlock.ErrClosed) || !errors.Is(err, dlock.ErrNotAcquired) {
+				t.Errorf("%v: wait ended by Close: got %v, want ErrClosed and ErrNotAcquired", ctx, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%v: Close did not end the wait within 5s", ctx)
+		}
+		if err := <-closed; err != nil {
+			t.Fatal(err)
+		}
+		if held.Err() == nil {
+			t.Errorf("%v: the held lease did not end with Close", ctx)
+		}
+	}
+}

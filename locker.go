@@ -63,6 +63,7 @@ func New(d Driver, defaults *Options) (Locker, error) {
 	l.abandoner, _ = d.(Abandoner)
 	l.notifier, _ = d.(Notifier)
 	l.waits = make(map[context.Context]context.CancelCauseFunc)
+	l.closing, l.cancelClosing = context.WithCancelCause(context.Background())
 	return l, nil
 }
 
@@ -78,9 +79,13 @@ type locker struct {
 	closed   bool
 	inflight sync.WaitGroup                              // acquisitions under way
 	waits    map[context.Context]context.CancelCauseFunc // their contexts, which Close cancels
-	leases   map[*Lease]struct{}
-	bg       sync.WaitGroup // leases' timed tasks while they run, abandons
-	sched    sched          // the leases' timed work
+	// closing ends, with ErrClosed, at Close: the context of acquisitions
+	// whose ctx is context.Background() or context.TODO()
+	closing       context.Context
+	cancelClosing context.CancelCauseFunc
+	leases        map[*Lease]struct{}
+	bg            sync.WaitGroup // leases' timed tasks while they run, abandons
+	sched         sched          // the leases' timed work
 }
 
 func (l *locker) Capabilities() Capabilities { return l.caps }
@@ -107,21 +112,30 @@ func (l *locker) acquire(ctx context.Context, name string, opts *Options, wait b
 	if err := ctx.Err(); err != nil {
 		return nil, errors.Join(ErrNotAcquired, err)
 	}
-	// actx ends with ctx, or when Close cancels it with ErrClosed.
-	actx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	// actx ends with ctx, or when Close cancels it with ErrClosed. A ctx
+	// that never ends and carries nothing needs no context of its own: the
+	// Locker's closing serves.
+	actx, cancel := l.closing, context.CancelCauseFunc(nil)
+	if ctx != context.Background() && ctx != context.TODO() {
+		actx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		return nil, ErrClosed
 	}
 	l.inflight.Add(1)
-	l.waits[actx] = cancel
+	if cancel != nil {
+		l.waits[actx] = cancel
+	}
 	l.mu.Unlock()
 	defer func() {
-		l.mu.Lock()
-		delete(l.waits, actx)
-		l.mu.Unlock()
+		if cancel != nil {
+			l.mu.Lock()
+			delete(l.waits, actx)
+			l.mu.Unlock()
+		}
 		l.inflight.Done()
 	}()
 
@@ -305,6 +319,7 @@ func (l *locker) Close(ctx context.Context) error {
 		return nil
 	}
 	l.closed = true
+	l.cancelClosing(ErrClosed)
 	for _, cancel := range l.waits {
 		cancel(ErrClosed)
 	}

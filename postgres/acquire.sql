@@ -24,6 +24,9 @@
 --          changed a setting walks every setting at its end.
 --   fence  (inside take) nextval of the fencing sequence (see fence.go), or
 --          0 without fencing.
+--   prev   the prev_ columns below: current_setting of both settings, or
+--          NULLs in the Kept variants (the driver has the values from
+--          before it set the session up).
 --
 -- Returns one row:
 --   pid        int4    pg_backend_pid()
@@ -53,8 +56,7 @@
 -- lock is held. A crash may therefore take back the last values handed out;
 -- the fencing epoch (fence.go) moves the sequence past them.
 SELECT pg_backend_pid() AS pid,
-       current_setting('idle_session_timeout') AS prev_idle,
-       current_setting('synchronous_commit') AS prev_sync,
+       {{prev}}
        CASE WHEN $2 <> 0 AND pg_backend_pid() <> $2 THEN NULL
             {{take}}
             ELSE -1

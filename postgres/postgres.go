@@ -228,6 +228,13 @@ const (
 	tryTakeKept = `WHEN pg_try_advisory_lock(hashtextextended($1, 0)) THEN {{fence}}`
 )
 
+// The {{prev}} columns of acquire.sql.
+const (
+	prevSettings = `current_setting('idle_session_timeout') AS prev_idle,
+       current_setting('synchronous_commit') AS prev_sync,`
+	prevKept = `NULL::text AS prev_idle, NULL::text AS prev_sync,`
+)
+
 // The {{restore}} clauses of release.sql.
 const (
 	restore     = `set_config('idle_session_timeout', $3, false) IS NOT NULL AND set_config('synchronous_commit', $4, false) IS NOT NULL`
@@ -385,11 +392,12 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 	if d.fencing {
 		fence = "nextval(" + d.fence.seqLit + ")"
 	}
-	acquire := func(take string) *stmt {
-		return newAcquireStmt(strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(take, "{{fence}}", fence)))
+	acquire := func(take, prev string) *stmt {
+		sql := strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(take, "{{fence}}", fence))
+		return newAcquireStmt(strings.ReplaceAll(sql, "{{prev}}", prev))
 	}
-	d.waitStmt, d.waitKept = acquire(waitTake), acquire(waitTakeKept)
-	d.tryStmt, d.tryKept = acquire(tryTake), acquire(tryTakeKept)
+	d.waitStmt, d.waitKept = acquire(waitTake, prevSettings), acquire(waitTakeKept, prevKept)
+	d.tryStmt, d.tryKept = acquire(tryTake, prevSettings), acquire(tryTakeKept, prevKept)
 	l, err := dlock.New(d, &o.Lock)
 	return l, d, err
 }
