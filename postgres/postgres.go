@@ -106,7 +106,8 @@
 // second or more, its connection stays out of the pool for up to 100ms,
 // parked with those settings for the next acquisition, which then changes
 // none (see driver.park; a quarter of the pool's MaxConns are parked at
-// most), and goes back with them restored. A lease, and a waiting Acquire,
+// most, none from a pool of fewer than four), and goes back with them
+// restored. A lease, and a waiting Acquire,
 // keep one connection, a lease idle
 // for 50ms one goroutine reading it, and a Locker holding leases one
 // goroutine that looks at them every 50ms (no timer per lease). The
@@ -387,7 +388,7 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 		leases:   make(map[*lease]struct{}),
 		closing:  make(chan struct{}),
 	}
-	d.maxParked = max(1, int(pool.Config().MaxConns)/4)
+	d.maxParked = int(pool.Config().MaxConns) / 4
 	fence := "0::int8"
 	if d.fencing {
 		fence = "nextval(" + d.fence.seqLit + ")"
@@ -697,8 +698,9 @@ type parked struct {
 // connection stays out of the pool for two watchDelays at most: the sweep
 // then restores its settings and hands it back. Only sessions whose
 // idle_session_timeout is at least parkMinTTL are parked (the server must
-// not end them meanwhile), and at most maxParked connections (a quarter of
-// the pool's MaxConns, at least one) at a time.
+// not end them meanwhile), and at most maxParked connections at a time: a
+// quarter of the pool's MaxConns, so none from a pool of fewer than four
+// (pgxpool's default is four or the number of CPUs).
 //
 // reserve claims a place for a connection about to be parked; park parks
 // it, unreserve gives the place up.
