@@ -354,10 +354,10 @@ func (h *lease) Release(ctx context.Context) error {
 	h.busy, h.gone = false, true
 	h.mu.Unlock()
 	if park {
-		h.d.park(parked{c: h.c, ms: h.ms, orig: [2][]byte{h.release[2], h.release[3]}, at: time.Now()})
-	} else {
-		h.c.Release()
+		h.d.park(parked{c: h.c, ms: h.ms, orig: [2][]byte{h.release[2], h.release[3]}, at: time.Now()}, h)
+		return nil
 	}
+	h.c.Release()
 	h.d.untrack(h)
 	return nil
 }

@@ -720,9 +720,11 @@ func (d *driver) unreserve() {
 	d.mu.Unlock()
 }
 
-func (d *driver) park(p parked) {
+// park also forgets h, the lease the connection was released from.
+func (d *driver) park(p parked, h *lease) {
 	d.mu.Lock()
 	d.parking--
+	delete(d.leases, h)
 	d.mu.Unlock()
 	d.repark(p)
 }
@@ -741,12 +743,13 @@ func (d *driver) repark(p parked) {
 	d.mu.Unlock()
 }
 
-// unpark takes the connection parked last, if any.
+// unpark takes the connection parked last, if any, unless the sweep is
+// late to hand it back (its session nears its idle_session_timeout).
 func (d *driver) unpark() (parked, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := len(d.parked)
-	if n == 0 {
+	if n == 0 || time.Since(d.parked[n-1].at) >= parkMinTTL/2 {
 		return parked{}, false
 	}
 	p := d.parked[n-1]
