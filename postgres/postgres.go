@@ -420,7 +420,7 @@ type driver struct {
 	closed   bool
 	closing  chan struct{}       // closed by Close
 	leases   map[*lease]struct{} // holding a connection
-	parked   []parked            // oldest first
+	parked   []parked            // in the order parked; unpark takes the last
 	parking  int                 // connections of releases that will park them
 	sweeping bool                // sweep runs
 	wg       sync.WaitGroup      // sweep and the connection watchers
@@ -725,14 +725,18 @@ func (d *driver) park(p parked, h *lease) {
 	d.mu.Lock()
 	d.parking--
 	delete(d.leases, h)
-	d.mu.Unlock()
-	d.repark(p)
+	d.reparkLocked(p)
 }
 
 // repark parks p again (an acquisition that took it found the lock busy);
 // once the driver is closed, it closes p's connection instead.
 func (d *driver) repark(p parked) {
 	d.mu.Lock()
+	d.reparkLocked(p)
+}
+
+// reparkLocked is repark with d.mu held; it unlocks d.mu.
+func (d *driver) reparkLocked(p parked) {
 	if d.closed {
 		d.mu.Unlock()
 		discard(p.c)
