@@ -38,6 +38,9 @@
 --                      (nothing tried)
 --   waited     float8  seconds from the statement's start to the end of the
 --                      grant, on the server's clock
+--   key        int8    hashtextextended($1, 0), the lock's key: the release
+--                      of a parked connection unlocks it by a fast-path call
+--                      (see fastUnlock)
 --
 -- One Result node, no subquery. The target list is evaluated in order, so
 -- the prev_ columns are read before the session is set up and waited after
@@ -61,4 +64,5 @@ SELECT pg_backend_pid() AS pid,
             {{take}}
             ELSE -1
        END AS fence,
-       date_part('epoch', clock_timestamp() - statement_timestamp()) AS waited
+       date_part('epoch', clock_timestamp() - statement_timestamp()) AS waited,
+       hashtextextended($1, 0) AS key

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -26,11 +27,12 @@ type lease struct {
 	c          *pgxpool.Conn
 	pg         *pgconn.PgConn
 	name       string
-	args       [3][]byte   // acquire.sql's parameters (here, not on the heap on their own)
-	acquireRow             // pid is the backend that holds the lock
-	onLost     func()      // called once the lease is given up (dlock.LossNotifier); under mu
-	relRow     releaseRow  // release.sql's result
-	cw         cancelWatch // of the statement running (see cancellable)
+	args       [3][]byte             // acquire.sql's parameters (here, not on the heap on their own)
+	acquireRow                       // pid is the backend that holds the lock
+	onLost     func()                // called once the lease is given up (dlock.LossNotifier); under mu
+	relRow     releaseRow            // release.sql's result
+	unlock     pgproto3.FunctionCall // fastUnlock's message
+	cw         cancelWatch           // of the statement running (see cancellable)
 	// ms is the session's idle_session_timeout, in milliseconds, as the
 	// acquisition or the last refresh set it; "" after held.sql set it to
 	// the time left. The Locker serialises the statements that use it.
@@ -325,7 +327,13 @@ func (h *lease) Release(ctx context.Context) error {
 	if park {
 		st = releaseKept
 	}
-	err := st.run(ctx, h.c.Conn(), h.release[:], r)
+	var err error
+	if park && h.d.checkPID {
+		*r = releaseRow{}
+		r.unlocked, err = fastUnlock(ctx, h.pg, &h.unlock, h.key)
+	} else {
+		err = st.run(ctx, h.c.Conn(), h.release[:], r)
+	}
 	if park && (err != nil || r.otherBackend || !r.unlocked) {
 		h.d.unreserve()
 	}

@@ -100,8 +100,9 @@
 // which Acquire then starts again at the back of the queue.
 //
 // Costs: an acquisition is one round trip (fencing adds a nextval), a
-// release one round trip, and the watchdog one round trip every
-// TTL/3. A lease's session has its idle_session_timeout and
+// release one round trip (on a connection to be parked, a fast-path call of
+// pg_advisory_unlock rather than a statement: no portal, no executor), and
+// the watchdog one round trip every TTL/3. A lease's session has its idle_session_timeout and
 // synchronous_commit changed; after a release of a lease whose TTL is a
 // second or more, its connection stays out of the pool for up to 100ms,
 // parked with those settings for the next acquisition, which then changes
@@ -150,9 +151,18 @@
 //   - Transaction pooling (PgBouncer pool_mode=transaction and the like):
 //     session locks need a session of their own. The driver refuses a
 //     connection whose backend pid is not the one announced at connection
-//     start (any proxy), and a lease whose backend pid changes between
-//     statements; a session pooler may be allowed with
-//     Options.SessionPooler, and the pid is still checked on every statement.
+//     start (any proxy: a transaction pooler announces a key of its own),
+//     checked by every acquisition, and a lease whose backend pid changes
+//     between statements (checked by refresh, Held, and a release that
+//     restores the session's settings). The release of a connection kept
+//     for the next lease (see Costs) is a fast-path call of
+//     pg_advisory_unlock, which cannot check the pid; its acquisition did,
+//     on the same connection. (A transaction pooler that passed the real
+//     backend's key through would break session locks anyway: another of
+//     its clients could take a lock again on the session that holds it.) A
+//     session pooler may be allowed with Options.SessionPooler; the pid of
+//     the acquisition is then checked on every later statement, and every
+//     release is a statement.
 //   - Process pauses: a holder paused past its ValidUntil may resume
 //     believing it holds a lock whose session the server ended; the lease
 //     reports the loss once the process runs again. Pass Lease.Fence to the
@@ -500,7 +510,7 @@ func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, 
 }
 
 func newAcquireStmt(sql string) *stmt {
-	return newStmt(sql, []uint32{oidText, oidInt4, oidText}, []uint32{oidInt4, oidText, oidText, oidInt8, oidFloat8})
+	return newStmt(sql, []uint32{oidText, oidInt4, oidText}, []uint32{oidInt4, oidText, oidText, oidInt8, oidFloat8, oidInt8})
 }
 
 // releaseStmt is release.sql, restoring the session's settings;
@@ -524,6 +534,7 @@ type acquireRow struct {
 	// the settings to restore (the pid and prev_ values as they came, in
 	// one buffer; those of a parked connection are its own).
 	release [4][]byte
+	key     []byte // the lock's int8 key as it came (fastUnlock's argument)
 }
 
 func (r *acquireRow) decode(v [][]byte) (err error) {
@@ -538,13 +549,19 @@ func (r *acquireRow) decode(v [][]byte) (err error) {
 	if r.waited, err = decodeFloat8(v[4]); err != nil {
 		return err
 	}
-	buf := make([]byte, 0, len(v[0])+len(v[1])+len(v[2]))
+	if len(v[5]) != 8 {
+		return fmt.Errorf("postgres: int8 of %d bytes", len(v[5]))
+	}
+	buf := make([]byte, 0, len(v[5])+len(v[0])+len(v[1])+len(v[2]))
+	buf = append(buf, v[5]...)
+	k := len(buf)
 	buf = append(buf, v[0]...)
 	n := len(buf)
 	buf = append(buf, v[1]...)
 	m := len(buf)
 	buf = append(buf, v[2]...)
-	r.release[0], r.release[2], r.release[3] = buf[:n:n], buf[n:m:m], buf[m:]
+	r.key = buf[:k:k]
+	r.release[0], r.release[2], r.release[3] = buf[k:n:n], buf[n:m:m], buf[m:]
 	return nil
 }
 

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/dlock/dlock/internal/servers/servertest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -241,3 +243,55 @@ func fence(t testing.TB, ls *dlock.Lease) uint64 {
 }
 
 func itoa(n int32) string { return fmt.Sprint(n) }
+
+// The fast-path release (a FunctionCall of pg_advisory_unlock(bigint) by its
+// OID) unlocks the session's lock and leaves the connection usable; on a
+// session that does not hold the lock it answers false; an exchange cut
+// short by its ctx, or by the session's end, closes the connection.
+func TestFastUnlock(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	var oid uint32
+	if err := raw.QueryRow(ctx, "SELECT 'pg_advisory_unlock(bigint)'::regprocedure::oid").Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	if oid != postgres.OIDAdvisoryUnlock {
+		t.Fatalf("pg_advisory_unlock(bigint) has OID %d on the server, the driver calls %d", oid, postgres.OIDAdvisoryUnlock)
+	}
+
+	c := rawConn(t, srv.Addr())
+	name := uniqueName(t)
+	var key int64
+	if err := c.QueryRow(ctx, "SELECT hashtextextended($1, 0) FROM pg_advisory_lock(hashtextextended($1, 0))", name).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	waitEntries(t, raw, name, 0, "pid "+itoa(int32(c.PgConn().PID()))+" holds")
+	bkey := binary.BigEndian.AppendUint64(nil, uint64(key))
+	var call pgproto3.FunctionCall
+	if ok, err := postgres.FastUnlock(ctx, c.PgConn(), &call, bkey); err != nil || !ok {
+		t.Fatalf("fast-path unlock of a held lock: %v, %v; want true", ok, err)
+	}
+	waitEntries(t, raw, name, 0)
+	if ok, err := postgres.FastUnlock(ctx, c.PgConn(), &call, bkey); err != nil || ok {
+		t.Fatalf("fast-path unlock of a lock not held: %v, %v; want false", ok, err)
+	}
+	var one int
+	if err := c.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("the connection after fast-path calls: %v", err)
+	}
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := postgres.FastUnlock(cancelled, c.PgConn(), &call, bkey); err == nil || !c.PgConn().IsClosed() {
+		t.Fatalf("fast-path unlock with its ctx ended: %v, connection closed %v; want an error and a closed connection", err, c.PgConn().IsClosed())
+	}
+
+	c = rawConn(t, srv.Addr())
+	if _, err := raw.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(c.PgConn().PID())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := postgres.FastUnlock(ctx, c.PgConn(), &call, bkey); err == nil || !c.PgConn().IsClosed() {
+		t.Fatalf("fast-path unlock on a terminated session: %v, connection closed %v; want an error and a closed connection", err, c.PgConn().IsClosed())
+	}
+}

@@ -273,6 +273,14 @@ func TestParkedConnection(t *testing.T) {
 	if n := pool.Stat().AcquiredConns(); n != 1 {
 		t.Errorf("right after a release with a 2s TTL, %d connections are out of the pool, want 1 (parked)", n)
 	}
+	// The parked session no longer holds the lock (its release was a
+	// fast-path call): another session takes it at once. (The next
+	// acquisition on the parked session would not tell: a session takes an
+	// advisory lock it holds again.)
+	var free bool
+	if err := pool.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AND pg_advisory_unlock(hashtextextended($1, 0))", name).Scan(&free); err != nil || !free {
+		t.Fatalf("after the release of a parked connection's lease, another session's pg_try_advisory_lock: %v, %v; want true", free, err)
+	}
 	if again := cycle(l.TryAcquire, 2*time.Second); again != pid {
 		t.Errorf("the next acquisition ran on backend %d, want %d (the parked connection's)", again, pid)
 	}
