@@ -70,6 +70,19 @@ func TestRawSQLInterop(t *testing.T) {
 			}
 			w := acquireAsync(ctx, l, name, nil)
 			waiting(t, raw, key, 1)
+			// An operator sees the waiter's statement, tagged, in
+			// pg_stat_activity (not the comments of acquire.sql).
+			var query string
+			if err := raw.QueryRow(ctx, `
+				SELECT a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+				WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1
+				  AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+				  AND l.objid = (hashtextextended($1, 0) & 4294967295)::oid`, key).Scan(&query); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(query, "/* dlock: acquire.sql */") || !strings.Contains(query, "pg_advisory_lock(") {
+				t.Errorf("the waiter's pg_stat_activity.query is %q, want acquire.sql's statement, tagged", query)
+			}
 			if err := raw.QueryRow(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", key).Scan(&ok); err != nil || !ok {
 				t.Fatalf("raw unlock = %v, %v", ok, err)
 			}

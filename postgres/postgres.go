@@ -215,14 +215,35 @@ import (
 
 var (
 	//go:embed acquire.sql
-	acquireSQL string
+	acquireFile string
 	//go:embed refresh.sql
-	refreshSQL string
+	refreshFile string
 	//go:embed held.sql
-	heldSQL string
+	heldFile string
 	//go:embed release.sql
-	releaseSQL string
+	releaseFile string
+
+	acquireSQL = statement("acquire.sql", acquireFile)
+	refreshSQL = statement("refresh.sql", refreshFile)
+	heldSQL    = statement("held.sql", heldFile)
+	releaseSQL = statement("release.sql", releaseFile)
 )
+
+// statement is the SQL of a .sql file as it goes to the server: its comment
+// lines (which document it here) replaced by a tag naming the file, so that
+// pg_stat_activity shows an operator the statement (it keeps the first
+// track_activity_query_size bytes of a query, 1024 by default, fewer than
+// the comments).
+func statement(file, text string) string {
+	var b strings.Builder
+	b.WriteString("/* dlock: " + file + " */")
+	for line := range strings.Lines(text) {
+		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "--") {
+			b.WriteString("\n" + strings.TrimRight(line, "\n"))
+		}
+	}
+	return b.String()
+}
 
 // The {{take}} clauses of acquire.sql. Acquire sets the session up before it
 // queues, so that nothing but the fencing token is left to do once the lock
