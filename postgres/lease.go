@@ -9,7 +9,6 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -27,12 +26,12 @@ type lease struct {
 	c          *pgxpool.Conn
 	pg         *pgconn.PgConn
 	name       string
-	args       [3][]byte             // acquire.sql's parameters (here, not on the heap on their own)
-	acquireRow                       // pid is the backend that holds the lock
-	onLost     func()                // called once the lease is given up (dlock.LossNotifier); under mu
-	relRow     releaseRow            // release.sql's result
-	unlock     pgproto3.FunctionCall // fastUnlock's message
-	cw         cancelWatch           // of the statement running (see cancellable)
+	args       [3][]byte   // acquire.sql's parameters (here, not on the heap on their own)
+	acquireRow             // pid is the backend that holds the lock
+	onLost     func()      // called once the lease is given up (dlock.LossNotifier); under mu
+	relRow     releaseRow  // release.sql's result
+	unlock     unlockCall  // fastUnlock's message
+	cw         cancelWatch // of the statement running (see cancellable)
 	// ms is the session's idle_session_timeout, in milliseconds, as the
 	// acquisition or the last refresh set it; "" after held.sql set it to
 	// the time left. The Locker serialises the statements that use it.

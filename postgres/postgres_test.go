@@ -17,7 +17,6 @@ import (
 	"github.com/dlock/dlock/internal/servers/servertest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -268,12 +267,11 @@ func TestFastUnlock(t *testing.T) {
 	}
 	waitEntries(t, raw, name, 0, "pid "+itoa(int32(c.PgConn().PID()))+" holds")
 	bkey := binary.BigEndian.AppendUint64(nil, uint64(key))
-	var call pgproto3.FunctionCall
-	if ok, err := postgres.FastUnlock(ctx, c.PgConn(), &call, bkey); err != nil || !ok {
+	if ok, err := postgres.FastUnlock(ctx, c.PgConn(), bkey); err != nil || !ok {
 		t.Fatalf("fast-path unlock of a held lock: %v, %v; want true", ok, err)
 	}
 	waitEntries(t, raw, name, 0)
-	if ok, err := postgres.FastUnlock(ctx, c.PgConn(), &call, bkey); err != nil || ok {
+	if ok, err := postgres.FastUnlock(ctx, c.PgConn(), bkey); err != nil || ok {
 		t.Fatalf("fast-path unlock of a lock not held: %v, %v; want false", ok, err)
 	}
 	var one int
@@ -283,7 +281,7 @@ func TestFastUnlock(t *testing.T) {
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := postgres.FastUnlock(cancelled, c.PgConn(), &call, bkey); err == nil || !c.PgConn().IsClosed() {
+	if _, err := postgres.FastUnlock(cancelled, c.PgConn(), bkey); err == nil || !c.PgConn().IsClosed() {
 		t.Fatalf("fast-path unlock with its ctx ended: %v, connection closed %v; want an error and a closed connection", err, c.PgConn().IsClosed())
 	}
 
@@ -291,7 +289,7 @@ func TestFastUnlock(t *testing.T) {
 	if _, err := raw.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(c.PgConn().PID())); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := postgres.FastUnlock(ctx, c.PgConn(), &call, bkey); err == nil || !c.PgConn().IsClosed() {
+	if _, err := postgres.FastUnlock(ctx, c.PgConn(), bkey); err == nil || !c.PgConn().IsClosed() {
 		t.Fatalf("fast-path unlock on a terminated session: %v, connection closed %v; want an error and a closed connection", err, c.PgConn().IsClosed())
 	}
 }

@@ -182,6 +182,12 @@ func decodeBool(b []byte) (bool, error) {
 // whose OID the catalog fixes (pg_proc.dat).
 const oidAdvisoryUnlock uint32 = 2884
 
+// unlockCall is fastUnlock's message, kept by the lease.
+type unlockCall struct {
+	msg  pgproto3.FunctionCall
+	args [1][]byte
+}
+
 // binaryFormat is the one format code of a fast-path call's argument.
 var binaryFormat = []uint16{1}
 
@@ -196,7 +202,7 @@ var binaryFormat = []uint16{1}
 // is allocated; key is the lock's key in binary. An exchange cut short (ctx
 // ended, a network error) closes the connection, which ends the session and
 // the lock with it.
-func fastUnlock(ctx context.Context, pg *pgconn.PgConn, call *pgproto3.FunctionCall, key []byte) (unlocked bool, err error) {
+func fastUnlock(ctx context.Context, pg *pgconn.PgConn, call *unlockCall, key []byte) (unlocked bool, err error) {
 	synced := false
 	defer func() {
 		if !synced && !pg.IsClosed() {
@@ -205,10 +211,10 @@ func fastUnlock(ctx context.Context, pg *pgconn.PgConn, call *pgproto3.FunctionC
 			cancel()
 		}
 	}()
-	*call = pgproto3.FunctionCall{Function: oidAdvisoryUnlock, ArgFormatCodes: binaryFormat, ResultFormatCode: 1}
-	call.Arguments = append(call.Arguments[:0], key)
+	call.args[0] = key
+	call.msg = pgproto3.FunctionCall{Function: oidAdvisoryUnlock, ArgFormatCodes: binaryFormat, Arguments: call.args[:], ResultFormatCode: 1}
 	fe := pg.Frontend()
-	fe.Send(call)
+	fe.Send(&call.msg)
 	if err := fe.Flush(); err != nil {
 		return false, err
 	}
