@@ -279,10 +279,40 @@ func TestFastUnlock(t *testing.T) {
 		t.Fatalf("the connection after fast-path calls: %v", err)
 	}
 
+	// A ctx ended before: nothing is sent, the connection stays.
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := postgres.FastUnlock(cancelled, c.PgConn(), bkey); err == nil || !c.PgConn().IsClosed() {
-		t.Fatalf("fast-path unlock with its ctx ended: %v, connection closed %v; want an error and a closed connection", err, c.PgConn().IsClosed())
+	if _, err := postgres.FastUnlock(cancelled, c.PgConn(), bkey); !errors.Is(err, context.Canceled) || c.PgConn().IsClosed() {
+		t.Fatalf("fast-path unlock with its ctx ended before: %v, connection closed %v; want context.Canceled and the connection open", err, c.PgConn().IsClosed())
+	}
+	// A ctx that ends while the server does not answer (black-holed): the
+	// exchange is cut short and the connection closed.
+	p := proxied(t, srv.Addr())
+	c = rawConn(t, p.Addr())
+	p.Blackhole()
+	tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := postgres.FastUnlock(tctx, c.PgConn(), bkey); !errors.Is(err, context.DeadlineExceeded) || !c.PgConn().IsClosed() {
+		t.Fatalf("fast-path unlock with its ctx ending unanswered: %v, connection closed %v; want context.DeadlineExceeded and a closed connection", err, c.PgConn().IsClosed())
+	}
+	if d := time.Since(start); d > 2*time.Second { // 200ms, plus up to closeTimeout (1s) for the close
+		t.Errorf("the cut-short exchange took %v", d)
+	}
+	p.Heal()
+	// A ctx that can end but does not: the answer comes, and the connection
+	// is usable after (no deadline left on it).
+	c = rawConn(t, srv.Addr())
+	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	if ok, err := postgres.FastUnlock(lctx, c.PgConn(), bkey); err != nil || !ok {
+		t.Fatalf("fast-path unlock with a live ctx: %v, %v; want true", ok, err)
+	}
+	cancel()
+	if err := c.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+		t.Fatalf("the connection after a fast-path call whose ctx ended after it: %v", err)
 	}
 
 	c = rawConn(t, srv.Addr())

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -201,10 +202,33 @@ var binaryFormat = []uint16{1}
 // (see the package doc, Guarantees). call is the caller's, so that nothing
 // is allocated; key is the lock's key in binary. An exchange cut short (ctx
 // ended, a network error) closes the connection, which ends the session and
-// the lock with it.
+// the lock with it. ctx bounds the exchange through a deadline on the
+// connection, set when it ends (one AfterFunc, where pgx would watch ctx with
+// a goroutine for every message read).
 func fastUnlock(ctx context.Context, pg *pgconn.PgConn, call *unlockCall, key []byte) (unlocked bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
 	synced := false
+	var stop func() bool
+	var fired chan struct{}
+	if ctx.Done() != nil {
+		fired = make(chan struct{})
+		stop = context.AfterFunc(ctx, func() {
+			_ = pg.Conn().SetDeadline(time.Now())
+			close(fired)
+		})
+	}
 	defer func() {
+		if stop != nil && !stop() {
+			<-fired
+			if err != nil {
+				err = errors.Join(ctx.Err(), err)
+			}
+			if synced { // the deadline came after the answer
+				_ = pg.Conn().SetDeadline(time.Time{})
+			}
+		}
 		if !synced && !pg.IsClosed() {
 			cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 			_ = pg.Close(cctx)
@@ -221,7 +245,7 @@ func fastUnlock(ctx context.Context, pg *pgconn.PgConn, call *unlockCall, key []
 	got := false
 	var serr error // the server's error, or the result's
 	for {
-		msg, err := pg.ReceiveMessage(ctx)
+		msg, err := pg.ReceiveMessage(context.Background()) // see ctx above
 		if err != nil {
 			return false, errors.Join(serr, err)
 		}
