@@ -75,8 +75,9 @@
 // connection is closed, never returned to the pool. A statement error that
 // leaves the session alone (a cancelled statement, an SQL error) does not.
 //
-// Contexts: TryAcquire and Release hand their ctx to pgx, which closes the
-// connection when the ctx ends mid-statement; for an attempt that makes sure
+// Contexts: TryAcquire and Release close the connection when their ctx ends
+// mid-statement (pgx does, for a statement; the driver, for a fast-path
+// release); for an attempt that makes sure
 // nothing is left (the session, and any lock it took, ends), and a release
 // cut short that way reports the lease lost (the lock goes with the session).
 // Refresh and Held must not drop a lock because their ctx ended: when it ends
