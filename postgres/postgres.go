@@ -571,8 +571,8 @@ func (r *acquireRow) decode(v [][]byte) (err error) {
 	if r.waited, err = decodeFloat8(v[4]); err != nil {
 		return err
 	}
-	if len(v[5]) != 8 {
-		return fmt.Errorf("postgres: int8 of %d bytes", len(v[5]))
+	if _, err := decodeInt8(v[5]); err != nil { // the key, kept in binary
+		return err
 	}
 	buf := make([]byte, 0, len(v[5])+len(v[0])+len(v[1])+len(v[2]))
 	buf = append(buf, v[5]...)
