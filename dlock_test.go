@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/memory"
 )
 
@@ -85,7 +86,7 @@ func TestOpenDefaults(t *testing.T) {
 
 func TestRedact(t *testing.T) {
 	u, _ := url.Parse("redis://user:pw@h:1/0?ttl=1s&tls_key_password=x&password=y")
-	got := dlock.Redact(u)
+	got := driver.RedactURL(u)
 	r, _ := url.Parse(got)
 	if strings.Contains(got, "pw@") || r.Query().Get("tls_key_password") == "x" || r.Query().Get("password") == "y" {
 		t.Errorf("Redact = %q leaks a secret", got)
@@ -114,12 +115,14 @@ func TestOptionsQueryRoundTrip(t *testing.T) {
 func TestDoReportsLoss(t *testing.T) {
 	ctx := context.Background()
 	link := memory.NewLink()
-	l, err := memory.NewLinked(memory.NewStore(), nil, link)
+	l, err := memory.New(memory.NewStore(), &memory.Options{Link: link})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close(ctx)
-	err = dlock.Do(ctx, l, "x", &dlock.Options{TTL: 100 * time.Millisecond}, func(ctx context.Context) error {
+	var got *dlock.Lease
+	err = dlock.Do(ctx, l, "x", &dlock.Options{TTL: 100 * time.Millisecond}, func(ctx context.Context, lease *dlock.Lease) error {
+		got = lease
 		link.Blackhole() // the watchdog cannot refresh: the lease is lost at ValidUntil
 		<-ctx.Done()
 		link.Heal()
@@ -128,10 +131,13 @@ func TestDoReportsLoss(t *testing.T) {
 	if !errors.Is(err, dlock.ErrLost) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Do: got %v, want ErrLost and the work's context.Canceled", err)
 	}
+	if got == nil || !errors.Is(got.Err(), dlock.ErrLost) {
+		t.Fatalf("Do's fn got lease %v; want the lease, ended with ErrLost", got)
+	}
 }
 
 func TestNewRejectsBadDefaults(t *testing.T) {
-	_, err := memory.New(memory.NewStore(), &dlock.Options{TTL: time.Second, RefreshInterval: 2 * time.Second})
+	_, err := memory.New(memory.NewStore(), &memory.Options{Defaults: dlock.Options{TTL: time.Second, RefreshInterval: 2 * time.Second}})
 	if !errors.Is(err, dlock.ErrInvalid) {
 		t.Fatalf("got %v, want ErrInvalid", err)
 	}
@@ -143,7 +149,7 @@ func TestNewRejectsBadDefaults(t *testing.T) {
 func TestCallsBehindStuckRefreshEndWithCtx(t *testing.T) {
 	ctx := context.Background()
 	link := memory.NewLink()
-	l, err := memory.NewLinked(memory.NewStore(), nil, link)
+	l, err := memory.New(memory.NewStore(), &memory.Options{Link: link})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,18 +7,20 @@ import (
 	"time"
 )
 
-// Do acquires name (waiting as Acquire does), runs fn with a context that is
-// cancelled when ctx ends or the lease is lost, and releases the lock. It
-// returns fn's error joined with a release error, or with the loss reason
-// when the lease was lost while fn ran (the seeds' lockFunction).
-func Do(ctx context.Context, l Locker, name string, opts *Options, fn func(ctx context.Context) error) error {
+// Do acquires name (waiting as Acquire does), runs fn with the lease and a
+// context that ends when ctx ends or the lease is lost, and then releases the
+// lock. fn passes lease.Fence() to the resource it protects. Do returns fn's
+// error joined with a release error, or with the loss reason when the lease
+// was lost while fn ran; an acquisition that fails returns its error without
+// calling fn.
+func Do(ctx context.Context, l *Locker, name string, opts *Options, fn func(ctx context.Context, lease *Lease) error) error {
 	ls, err := l.Acquire(ctx, name, opts)
 	if err != nil {
 		return err
 	}
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(ls.Context(), func() { cancel(context.Cause(ls.Context())) })
-	ferr := fn(fctx)
+	ferr := fn(fctx, ls)
 	stop()
 	cancel(nil)
 

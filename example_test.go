@@ -56,13 +56,15 @@ func ExampleDo() {
 	defer locker.Close(ctx)
 
 	err := dlock.Do(ctx, locker, "migrate-schema", &dlock.Options{TTL: 5 * time.Second},
-		func(ctx context.Context) error {
-			fmt.Println("migrating while holding the lock")
+		func(ctx context.Context, lease *dlock.Lease) error {
+			// ctx ends if the lease is lost; the fence goes with every write.
+			_, ok := lease.Fence()
+			fmt.Println("migrating while holding the lock; fencing token:", ok)
 			return nil
 		})
 	fmt.Println(err)
 	// Output:
-	// migrating while holding the lock
+	// migrating while holding the lock; fencing token: true
 	// <nil>
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/dlock/dlock/driver"
 )
 
 // Lease is a held lock. Its methods are safe for concurrent use.
@@ -16,16 +18,16 @@ import (
 // ErrReleased or ErrLost, both of which match ErrNotHeld) and Context is
 // cancelled with that cause. Loss is signalled no later than ValidUntil.
 type Lease struct {
-	l        *locker
-	h        Handle
+	l        *Locker
+	h        driver.Handle
 	name     string
 	token    string
 	fence    uint64
 	hasFence bool
 	opts     Options
-	lost     <-chan struct{} // the driver's loss signal, may be nil
-	notifier LossNotifier    // the handle, when it reports loss by callback
-	drift    time.Duration   // from the grant, zero for the default
+	lost     <-chan struct{}     // the driver's loss signal, may be nil
+	notifier driver.LossNotifier // the handle, when it reports loss by callback
+	drift    time.Duration       // from the grant, zero for the default
 
 	// ops serialises Refresh, Release and Held on the handle, so that the
 	// server sees them in the order their results are applied. It is a
@@ -54,7 +56,7 @@ type Lease struct {
 	cancelRefresh context.CancelFunc // aborts a refresh in flight once the lease ended
 }
 
-func newLease(l *locker, req Request, o Options, g *Grant, sent time.Time) *Lease {
+func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, h: g.Handle, name: req.Name, token: req.Token,
 		fence: g.Fence, hasFence: l.caps.Fencing, opts: o, lost: g.Lost, drift: g.Drift,
@@ -64,7 +66,7 @@ func newLease(l *locker, req Request, o Options, g *Grant, sent time.Time) *Leas
 	if g.TTL > 0 {
 		ls.ttl = g.TTL
 	}
-	ls.notifier, _ = g.Handle.(LossNotifier)
+	ls.notifier, _ = g.Handle.(driver.LossNotifier)
 	ls.validUntil = validUntil(sent, req.TTL, g)
 	return ls
 }
@@ -290,7 +292,7 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 		return ls.err
 	}
 	ls.ttl = granted
-	ls.validUntil = validUntil(sent, ttl, &Grant{TTL: granted, Drift: ls.drift})
+	ls.validUntil = validUntil(sent, ttl, &driver.Grant{TTL: granted, Drift: ls.drift})
 	ls.l.sched.schedule(&ls.deadline, ls.validUntil)
 	ls.backoff = ls.opts.RetryMin
 	if ls.tick.run != nil && !ls.refreshStopped {

@@ -21,32 +21,13 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/dlock/dlock/driver"
 )
-
-// Locker takes named locks on one backend. It is safe for concurrent use.
-type Locker interface {
-	// Acquire waits until the named lock is held or ctx ends. When ctx ends
-	// first the error matches both ErrNotAcquired and ctx.Err(), and no
-	// waiter state is left behind. ctx bounds the wait only, not the lease.
-	Acquire(ctx context.Context, name string, opts *Options) (*Lease, error)
-
-	// TryAcquire makes exactly one attempt; it returns an error matching
-	// ErrNotAcquired if someone else holds the lock. ctx bounds the attempt.
-	TryAcquire(ctx context.Context, name string, opts *Options) (*Lease, error)
-
-	// Capabilities describes the backend.
-	Capabilities() Capabilities
-
-	// Close releases every lease still held through this Locker, ends waits
-	// in progress (they return ErrClosed), stops all background work and
-	// closes the driver before returning. ctx bounds the releases. Later
-	// calls return ErrClosed; a second Close returns nil.
-	Close(ctx context.Context) error
-}
 
 // New returns the Locker for a driver. defaults (nil for the package
 // defaults) apply to every acquisition whose Options leave a field zero.
-func New(d Driver, defaults *Options) (Locker, error) {
+func New(d driver.Driver, defaults *Options) (*Locker, error) {
 	if d == nil {
 		return nil, invalid("nil driver")
 	}
@@ -54,26 +35,29 @@ func New(d Driver, defaults *Options) (Locker, error) {
 	if _, err := defaults.resolve(nil, caps); err != nil {
 		return nil, err
 	}
-	l := &locker{d: d, caps: caps, leases: make(map[*Lease]struct{})}
+	l := &Locker{d: d, caps: caps, leases: make(map[*Lease]struct{})}
 	if defaults != nil {
 		cp := *defaults
 		l.defaults = &cp
 	}
-	l.waiter, _ = d.(Waiter)
-	l.abandoner, _ = d.(Abandoner)
-	l.notifier, _ = d.(Notifier)
+	l.waiter, _ = d.(driver.Waiter)
+	l.abandoner, _ = d.(driver.Abandoner)
+	l.notifier, _ = d.(driver.Notifier)
 	l.waits = make(map[context.Context]context.CancelCauseFunc)
 	l.closing, l.cancelClosing = context.WithCancelCause(context.Background())
 	return l, nil
 }
 
-type locker struct {
-	d         Driver
+// Locker takes named locks on one backend. It is safe for concurrent use.
+// Build one with Open (from a URL) or a driver's New (from a client the
+// application owns), and Close it when done.
+type Locker struct {
+	d         driver.Driver
 	caps      Capabilities
 	defaults  *Options
-	waiter    Waiter
-	notifier  Notifier
-	abandoner Abandoner
+	waiter    driver.Waiter
+	notifier  driver.Notifier
+	abandoner driver.Abandoner
 
 	mu       sync.Mutex
 	closed   bool
@@ -88,17 +72,24 @@ type locker struct {
 	sched         sched          // the leases' timed work
 }
 
-func (l *locker) Capabilities() Capabilities { return l.caps }
+// Capabilities describes the backend: fencing, FIFO waiting, minimum TTL and
+// the rest (see Capabilities).
+func (l *Locker) Capabilities() Capabilities { return l.caps }
 
-func (l *locker) Acquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
+// Acquire waits until the named lock is held or ctx ends. When ctx ends
+// first the error matches both ErrNotAcquired and ctx.Err(), and no waiter
+// state is left behind. ctx bounds the wait only, not the lease.
+func (l *Locker) Acquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
 	return l.acquire(ctx, name, opts, true)
 }
 
-func (l *locker) TryAcquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
+// TryAcquire makes exactly one attempt; it returns an error matching
+// ErrNotAcquired if someone else holds the lock. ctx bounds the attempt.
+func (l *Locker) TryAcquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
 	return l.acquire(ctx, name, opts, false)
 }
 
-func (l *locker) acquire(ctx context.Context, name string, opts *Options, wait bool) (*Lease, error) {
+func (l *Locker) acquire(ctx context.Context, name string, opts *Options, wait bool) (*Lease, error) {
 	if ctx == nil {
 		return nil, invalid("nil context")
 	}
@@ -139,8 +130,8 @@ func (l *locker) acquire(ctx context.Context, name string, opts *Options, wait b
 		l.inflight.Done()
 	}()
 
-	req := Request{Name: name, Token: newToken(), TTL: o.TTL, Metadata: o.Metadata}
-	var g *Grant
+	req := driver.Request{Name: name, Token: newToken(), TTL: o.TTL, Metadata: o.Metadata}
+	var g *driver.Grant
 	var sent time.Time
 	switch {
 	case !wait:
@@ -177,11 +168,11 @@ func waitError(ctx, actx context.Context, err error) error {
 // attempt makes one TryAcquire and checks that the grant is still valid
 // once the reply is in: a grant that took longer than its validity is given
 // back and reported as not acquired.
-func (l *locker) attempt(ctx context.Context, req Request) (*Grant, time.Time, error) {
+func (l *Locker) attempt(ctx context.Context, req driver.Request) (*driver.Grant, time.Time, error) {
 	sent := time.Now()
 	g, err := l.d.TryAcquire(ctx, req)
 	if err != nil {
-		var busy *BusyError
+		var busy *driver.BusyError
 		if l.abandoner != nil && !errors.As(err, &busy) && !errors.Is(err, ErrInvalid) {
 			l.abandon(ctx, req)
 		}
@@ -191,7 +182,7 @@ func (l *locker) attempt(ctx context.Context, req Request) (*Grant, time.Time, e
 	return g, sent, err
 }
 
-func (l *locker) checkValidity(ctx context.Context, req Request, g *Grant, sent time.Time) (time.Time, error) {
+func (l *Locker) checkValidity(ctx context.Context, req driver.Request, g *driver.Grant, sent time.Time) (time.Time, error) {
 	if g == nil || g.Handle == nil {
 		return sent, fmt.Errorf("dlock: driver returned an empty grant for %q", req.Name)
 	}
@@ -210,7 +201,7 @@ func (l *locker) checkValidity(ctx context.Context, req Request, g *Grant, sent 
 // abandon removes, in the background, a lock that a failed attempt may have
 // taken. It runs inside an acquisition, so Close (which waits for those
 // first) waits for it too.
-func (l *locker) abandon(ctx context.Context, req Request) {
+func (l *Locker) abandon(ctx context.Context, req driver.Request) {
 	l.bg.Add(1)
 	go func() {
 		defer l.bg.Done()
@@ -223,7 +214,7 @@ func (l *locker) abandon(ctx context.Context, req Request) {
 // poll is the waiting loop for drivers without a server-side queue: one
 // attempt, then wait for a release notification (when the driver offers
 // them) or for the holder's remaining TTL, then again.
-func (l *locker) poll(ctx context.Context, req *Request, o Options) (*Grant, time.Time, error) {
+func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*driver.Grant, time.Time, error) {
 	var notify <-chan struct{}
 	backoff := o.RetryMin
 	var lastErr error
@@ -232,7 +223,7 @@ func (l *locker) poll(ctx context.Context, req *Request, o Options) (*Grant, tim
 	defer timer.Stop()
 	for first := true; ; first = false {
 		if !first {
-			req.Token = newToken() // see Abandoner
+			req.Token = newToken() // see driver.Abandoner
 		}
 		g, sent, err := l.attempt(ctx, *req)
 		if err == nil {
@@ -242,7 +233,7 @@ func (l *locker) poll(ctx context.Context, req *Request, o Options) (*Grant, tim
 			return nil, sent, errors.Join(ErrNotAcquired, lastErr)
 		}
 		var delay time.Duration
-		var busy *BusyError
+		var busy *driver.BusyError
 		switch {
 		case errors.As(err, &busy):
 			lastErr = nil
@@ -289,7 +280,7 @@ func (l *locker) poll(ctx context.Context, req *Request, o Options) (*Grant, tim
 	}
 }
 
-func (l *locker) newLease(req Request, o Options, g *Grant, sent time.Time) (*Lease, error) {
+func (l *Locker) newLease(req driver.Request, o Options, g *driver.Grant, sent time.Time) (*Lease, error) {
 	ls := newLease(l, req, o, g, sent)
 	l.mu.Lock()
 	if l.closed {
@@ -306,13 +297,17 @@ func (l *locker) newLease(req Request, o Options, g *Grant, sent time.Time) (*Le
 	return ls, nil
 }
 
-func (l *locker) forget(ls *Lease) {
+func (l *Locker) forget(ls *Lease) {
 	l.mu.Lock()
 	delete(l.leases, ls)
 	l.mu.Unlock()
 }
 
-func (l *locker) Close(ctx context.Context) error {
+// Close releases every lease still held through this Locker, ends waits in
+// progress (they return ErrClosed), stops all background work and closes the
+// driver before returning. ctx bounds the releases. Later calls return
+// ErrClosed; a second Close returns nil.
+func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -385,7 +380,7 @@ var tokenBufs = sync.Pool{New: func() any { return new(tokenBuf) }}
 // drift is the default clock drift margin: TTL/100 + 2ms.
 func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
-func validUntil(sent time.Time, requested time.Duration, g *Grant) time.Time {
+func validUntil(sent time.Time, requested time.Duration, g *driver.Grant) time.Time {
 	ttl := requested
 	if g.TTL > 0 {
 		ttl = g.TTL

@@ -7,10 +7,11 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/driver"
 )
 
 // lossDriver grants every TryAcquire; its handles report loss through
-// Grant.Lost, and, when callback is set, through dlock.LossNotifier too.
+// Grant.Lost, and, when callback is set, through driver.LossNotifier too.
 type lossDriver struct {
 	callback bool
 	handles  chan *lossHandle
@@ -19,14 +20,14 @@ type lossDriver struct {
 func (d *lossDriver) Capabilities() dlock.Capabilities { return dlock.Capabilities{} }
 func (d *lossDriver) Close() error                     { return nil }
 
-func (d *lossDriver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+func (d *lossDriver) TryAcquire(ctx context.Context, req driver.Request) (*driver.Grant, error) {
 	h := &lossHandle{lost: make(chan struct{})}
 	d.handles <- h
-	var handle dlock.Handle = h
+	var handle driver.Handle = h
 	if d.callback {
 		handle = &notifyingHandle{h}
 	}
-	return &dlock.Grant{Handle: handle, Lost: h.lost}, nil
+	return &driver.Grant{Handle: handle, Lost: h.lost}, nil
 }
 
 type lossHandle struct {

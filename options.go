@@ -3,7 +3,6 @@ package dlock
 import (
 	"fmt"
 	"net/url"
-	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -137,9 +136,10 @@ func ValidateName(name string) error {
 // Query parameters understood by every driver; see Options.
 var optionParams = []string{"ttl", "refresh", "refresh_interval", "retry_min", "retry_max", "metadata"}
 
-// OptionsFromQuery takes the lock options out of a URL query, deleting the
-// keys it used from q, so that a driver can read its own parameters from
-// what remains and reject the rest with RejectUnknown.
+// OptionsFromQuery takes the lock options (ttl, refresh, refresh_interval,
+// retry_min, retry_max, metadata) out of a URL query, deleting the keys it
+// used from q. Open does this before the driver reads its own parameters;
+// drivers' ParseURL functions do it for their Options.Defaults.
 func OptionsFromQuery(q url.Values) (*Options, error) {
 	o := &Options{}
 	durations := map[string]*time.Duration{
@@ -174,19 +174,6 @@ func OptionsFromQuery(q url.Values) (*Options, error) {
 		}
 	}
 	return o, nil
-}
-
-// RejectUnknown returns an ErrInvalid error naming the keys left in q, or nil.
-func RejectUnknown(q url.Values) error {
-	if len(q) == 0 {
-		return nil
-	}
-	keys := make([]string, 0, len(q))
-	for k := range q {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return invalid("unknown URL parameter(s) %v", keys)
 }
 
 // Query returns the URL query parameters that express o, the inverse of

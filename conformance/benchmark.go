@@ -70,7 +70,7 @@ func Benchmark(b *testing.B, h Harness) {
 	b.Run("Contended", func(b *testing.B) {
 		const workers = 8
 		name := benchName(b)
-		lockers := make([]dlock.Locker, workers)
+		lockers := make([]*dlock.Locker, workers)
 		for i := range lockers {
 			lockers[i] = benchLocker(b, h, opts)
 		}
@@ -106,7 +106,7 @@ func Benchmark(b *testing.B, h Harness) {
 	})
 }
 
-func benchLocker(b *testing.B, h Harness, opts *dlock.Options) dlock.Locker {
+func benchLocker(b *testing.B, h Harness, opts *dlock.Options) *dlock.Locker {
 	l, _ := h.NewLocker(b, opts)
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

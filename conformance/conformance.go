@@ -34,7 +34,7 @@ type Harness interface {
 	// crosses its own Faults. defaults are the Locker's default Options. The
 	// suite closes the Locker; the harness cleans up the rest with
 	// t.Cleanup. It calls t.Fatal when it cannot.
-	NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, Faults)
+	NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, Faults)
 
 	// Residue lists what the backend still stores for the lock name (keys,
 	// nodes, rows, server-side lock entries), leaving out what the driver
@@ -138,7 +138,7 @@ func (s *suite) name() string {
 }
 
 // locker returns a new independent locker, closed at the end of the subtest.
-func (s *suite) locker(defaults *dlock.Options) (dlock.Locker, Faults) {
+func (s *suite) locker(defaults *dlock.Options) (*dlock.Locker, Faults) {
 	s.t.Helper()
 	l, f := s.h.NewLocker(s.t, defaults)
 	s.t.Cleanup(func() {
@@ -198,7 +198,7 @@ func (s *suite) checkResidue() {
 }
 
 // acquire takes name through l or fails the test.
-func (s *suite) acquire(l dlock.Locker, name string, o *dlock.Options) *dlock.Lease {
+func (s *suite) acquire(l *dlock.Locker, name string, o *dlock.Options) *dlock.Lease {
 	s.t.Helper()
 	ls, err := l.Acquire(s.ctx, name, o)
 	if err != nil {

@@ -296,7 +296,7 @@ func testCancelAfterGrant(s *suite) {
 
 // expiry runs the shared part of the expiry tests: the holder's lease is
 // about to be lost (cut decides how); a contender waits for the name.
-func (s *suite) expiry(holderOpts *dlock.Options, cut func(dlock.Locker, Faults), uncut func(Faults)) {
+func (s *suite) expiry(holderOpts *dlock.Options, cut func(*dlock.Locker, Faults), uncut func(Faults)) {
 	a, fa := s.locker(holderOpts)
 	b, _ := s.locker(s.opts())
 	name := s.name()
@@ -357,11 +357,11 @@ func (s *suite) expiry(holderOpts *dlock.Options, cut func(dlock.Locker, Faults)
 }
 
 func testExpiryWithoutRefresh(s *suite) {
-	s.expiry(s.opts(noRefresh), func(dlock.Locker, Faults) {}, func(Faults) {})
+	s.expiry(s.opts(noRefresh), func(*dlock.Locker, Faults) {}, func(Faults) {})
 }
 
 func testExpiryBlackholed(s *suite) {
-	s.expiry(s.opts(), func(_ dlock.Locker, f Faults) { f.Blackhole() }, func(f Faults) { f.Heal() })
+	s.expiry(s.opts(), func(_ *dlock.Locker, f Faults) { f.Blackhole() }, func(f Faults) { f.Heal() })
 }
 
 func testRefreshExtends(s *suite) {
@@ -404,7 +404,7 @@ func testWatchdogKeepsLease(s *suite) {
 
 // keepsOut checks, every period for d, that contender cannot take ls's
 // name, calling fault before each check; then that ls is still held.
-func (s *suite) keepsOut(ls *dlock.Lease, contender dlock.Locker, d, every time.Duration, fault func()) {
+func (s *suite) keepsOut(ls *dlock.Lease, contender *dlock.Locker, d, every time.Duration, fault func()) {
 	s.t.Helper()
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(every) {
 		fault()

@@ -55,7 +55,7 @@ func (l latencies) report(b *testing.B, prefix string) {
 }
 
 // benchLocker returns a Locker on a client of its own.
-func benchLocker(b *testing.B, addr, prefix string) dlock.Locker {
+func benchLocker(b *testing.B, addr, prefix string) *dlock.Locker {
 	l := newLocker(b, newClient(b, addr), &etcd.Options{KeyPrefix: prefix})
 	return l
 }
@@ -79,7 +79,7 @@ func releaseCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 }
 
-func dlockCycle(l dlock.Locker, name string, try bool) cycle {
+func dlockCycle(l *dlock.Locker, name string, try bool) cycle {
 	return func(ctx context.Context) error {
 		acquire := l.Acquire
 		if try {
@@ -251,7 +251,7 @@ func handoffs(b *testing.B, n int, settle time.Duration, hold, wait func(ctx con
 	return lat
 }
 
-func dlockHold(l dlock.Locker, name string) func(context.Context) (func(context.Context) error, error) {
+func dlockHold(l *dlock.Locker, name string) func(context.Context) (func(context.Context) error, error) {
 	return func(ctx context.Context) (func(context.Context) error, error) {
 		ls, err := l.Acquire(ctx, name, nil)
 		if err != nil {

@@ -19,7 +19,7 @@ type harness struct {
 	prefix string
 }
 
-func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, conformance.Faults) {
+func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	t.Helper()
 	p, err := faultnet.Listen(h.addr)
 	if err != nil {
@@ -29,7 +29,7 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker,
 	c := newClient(t, p.Addr())
 	o := &etcd.Options{KeyPrefix: h.prefix}
 	if defaults != nil {
-		o.Lock = *defaults
+		o.Defaults = *defaults
 	}
 	l, err := etcd.New(c, o)
 	if err != nil {

@@ -147,6 +147,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -163,10 +164,10 @@ const ExpirySlack = time.Second
 
 // Options configure a Locker. A nil *Options means all defaults.
 type Options struct {
-	// Lock holds the Locker's default lock options (URL: ttl, refresh,
+	// Defaults are the Locker's default lock options (URL: ttl, refresh,
 	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
 	// defaults documented on dlock.Options.
-	Lock dlock.Options
+	Defaults dlock.Options
 
 	// KeyPrefix starts every key (URL: the path). Default "dlock/". It is
 	// used verbatim: end it with "/" to keep it apart from other keys.
@@ -175,17 +176,17 @@ type Options struct {
 
 // New returns a Locker on the application's client. Closing the Locker does
 // not close the client.
-func New(client *clientv3.Client, opts *Options) (dlock.Locker, error) {
+func New(client *clientv3.Client, opts *Options) (*dlock.Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: etcd: nil client", dlock.ErrInvalid)
 	}
-	l, _, err := newLocker(client, opts, false)
-	return l, err
+	d := newDriver(client, opts, false)
+	return dlock.New(d, &d.defaults)
 }
 
-// newLocker returns the Locker and its driver. open passes a nil client, and
-// sets it once the options are known to be valid.
-func newLocker(client *clientv3.Client, opts *Options, ownsClient bool) (dlock.Locker, *driver, error) {
+// newDriver returns the driver. open passes a nil client, which Ping makes
+// once the options are known to be valid.
+func newDriver(client *clientv3.Client, opts *Options, ownsClient bool) *driver {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -200,8 +201,8 @@ func newLocker(client *clientv3.Client, opts *Options, ownsClient bool) (dlock.L
 		pool:       make(map[int64][]*lease),
 		attempts:   make(map[string]*lease),
 	}
-	l, err := dlock.New(d, &o.Lock)
-	return l, d, err
+	d.defaults = o.Defaults
+	return d
 }
 
 // MutexName returns the name under which concurrency.NewMutex and `etcdctl
@@ -227,6 +228,9 @@ type driver struct {
 	c          *clientv3.Client
 	prefix     string
 	ownsClient bool
+	defaults   dlock.Options    // New's Options.Defaults
+	cfg        *clientv3.Config // opened from a URL: Ping makes c from it
+	addr       string           // the redacted URL, when opened from one
 
 	mu       sync.Mutex
 	closed   bool
@@ -259,7 +263,7 @@ func (d *driver) keys(name, token string) keys {
 
 // TryAcquire is one transaction: put the key if there is no key at all under
 // the name.
-func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	k := d.keys(req.Name, req.Token)
 	for retried := false; ; retried = true {
 		l, err := d.takeLease(ctx, seconds(req.TTL))
@@ -281,14 +285,14 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 		}
 		if !resp.Succeeded {
 			d.putLease(l)
-			return nil, dlock.Busy(0)
+			return nil, dlockdriver.Busy(0)
 		}
 		return d.grant(k, resp.Header.Revision, req.Metadata, l), nil
 	}
 }
 
-func (d *driver) grant(k keys, rev int64, value string, l *lease) *dlock.Grant {
-	return &dlock.Grant{
+func (d *driver) grant(k keys, rev int64, value string, l *lease) *dlockdriver.Grant {
+	return &dlockdriver.Grant{
 		Handle: &handle{d: d, key: k.key, rev: rev, value: value, l: l},
 		Fence:  uint64(rev),
 		TTL:    l.granted,
@@ -299,7 +303,7 @@ func (d *driver) grant(k keys, rev int64, value string, l *lease) *dlock.Grant {
 // Abandon revokes the etcd lease of an attempt that may have created its key
 // (which goes with it), or deletes the key when the attempt did not get as
 // far as a lease.
-func (d *driver) Abandon(ctx context.Context, req dlock.Request) error {
+func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
 	d.mu.Lock()
 	l := d.attempts[req.Token]
 	delete(d.attempts, req.Token)

@@ -106,7 +106,7 @@ func testPrefix(t *testing.T, raw *clientv3.Client, linger time.Duration) string
 }
 
 // newLocker returns a Locker on client, closed at cleanup.
-func newLocker(t testing.TB, client *clientv3.Client, opts *etcd.Options) dlock.Locker {
+func newLocker(t testing.TB, client *clientv3.Client, opts *etcd.Options) *dlock.Locker {
 	t.Helper()
 	l, err := etcd.New(client, opts)
 	if err != nil {

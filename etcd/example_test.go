@@ -38,7 +38,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	l, err := etcd.New(client, &etcd.Options{KeyPrefix: "/locks/", Lock: dlock.Options{TTL: 10 * time.Second}})
+	l, err := etcd.New(client, &etcd.Options{KeyPrefix: "/locks/", Defaults: dlock.Options{TTL: 10 * time.Second}})
 	if err != nil {
 		log.Fatal(err)
 	}

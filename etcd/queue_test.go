@@ -53,7 +53,7 @@ type acquired struct {
 	err error
 }
 
-func acquireAsync(ctx context.Context, l dlock.Locker, name string, o *dlock.Options) <-chan acquired {
+func acquireAsync(ctx context.Context, l *dlock.Locker, name string, o *dlock.Options) <-chan acquired {
 	c := make(chan acquired, 1)
 	go func() {
 		ls, err := l.Acquire(ctx, name, o)

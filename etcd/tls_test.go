@@ -79,7 +79,7 @@ func TestOpenTLS(t *testing.T) {
 // certificate, the server name.
 func TestTLSParams(t *testing.T) {
 	pki := testpki.New(t, "etcd.test")
-	cfg, _, err := etcd.ParseURL("etcds://10.0.0.9:2379?tls_server_name=etcd.test&tls_ca=" + pki.CA + "&tls_cert=" + pki.ClientCert + "&tls_key=" + pki.ClientKey)
+	cfg, _, err := etcd.ParseURL(mustURL(t, "etcds://10.0.0.9:2379?tls_server_name=etcd.test&tls_ca="+pki.CA+"&tls_cert="+pki.ClientCert+"&tls_key="+pki.ClientKey))
 	if err != nil {
 		t.Fatal(err)
 	}

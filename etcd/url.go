@@ -3,7 +3,6 @@ package etcd
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -12,7 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/urlparams"
+	dlockdriver "github.com/dlock/dlock/driver"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -20,8 +19,8 @@ import (
 )
 
 func init() {
-	dlock.Register("etcd", open)
-	dlock.Register("etcds", open)
+	dlockdriver.Register("etcd", open)
+	dlockdriver.Register("etcds", open)
 }
 
 // defaultDialTimeout bounds connecting and authenticating when the URL does
@@ -37,40 +36,44 @@ const (
 	defaultClientPort = "2379"
 )
 
-// open is the dlock.OpenFunc for etcd:// and etcds:// URLs.
-func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
-	cfg, opts, err := parseURL(u)
+// open is the dlockdriver.OpenFunc for etcd:// and etcds:// URLs. The
+// client is made by the driver's Ping, which dlock.Open calls once the lock
+// options are known to be valid.
+func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
+	cfg, opts, err := ParseURL(u)
 	if err != nil {
 		return nil, err
 	}
+	d := newDriver(nil, opts, true)
+	d.cfg, d.addr = cfg, dlockdriver.RedactURL(u)
+	return d, nil
+}
+
+// Ping makes the client of a driver opened from a URL and reads once under
+// the prefix, so that the address, the credentials and the permission are
+// checked here rather than at the first lock. ctx bounds it.
+func (d *driver) Ping(ctx context.Context) error {
+	if d.cfg == nil {
+		return nil
+	}
+	cfg := *d.cfg
 	if dl, ok := ctx.Deadline(); ok {
 		if left := time.Until(dl); left < cfg.DialTimeout {
 			cfg.DialTimeout = max(left, time.Millisecond)
 		}
 	}
-	// The Locker first, so that its options are checked before any I/O;
-	// the client it is given is made next.
-	l, d, err := newLocker(nil, opts, true)
-	if err != nil {
-		return nil, err
-	}
 	if err := ctx.Err(); err != nil {
-		_ = l.Close(context.Background())
-		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), err)
+		return fmt.Errorf("etcd: connecting to %s: %w", d.addr, err)
 	}
-	client, err := clientv3.New(*cfg) // authenticates, bounded by DialTimeout
+	client, err := clientv3.New(cfg) // authenticates, bounded by DialTimeout
 	if err != nil {
-		_ = l.Close(context.Background())
-		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), urlparams.Redact(err, u))
+		return fmt.Errorf("etcd: connecting to %s: %w", d.addr, err)
 	}
 	d.c = client
-	// One read under the prefix: the address, the credentials and the
-	// permission are checked here rather than at the first lock.
-	if _, err := client.Get(ctx, opts.KeyPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1)); err != nil {
-		_ = l.Close(context.Background()) // closes the client
-		return nil, fmt.Errorf("etcd: connecting to %s: %w", dlock.Redact(u), urlparams.Redact(err, u))
+	if _, err := client.Get(ctx, d.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1)); err != nil {
+		return fmt.Errorf("etcd: connecting to %s: %w", d.addr, err)
 	}
-	return l, nil
+	return nil
 }
 
 // ParseURL returns the client configuration and the driver options that an
@@ -79,20 +82,7 @@ func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
 // one's own, or a concurrency.Session, from the same URL. The configuration
 // has a logger that discards everything. Every error matches
 // dlock.ErrInvalid and leaves the URL's password out.
-func ParseURL(rawURL string) (*clientv3.Config, *Options, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // url.Error quotes the whole URL
-		}
-		return nil, nil, invalid("malformed URL: %v", err)
-	}
-	return parseURL(u)
-}
-
-// parseURL is ParseURL of a parsed URL.
-func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
+func ParseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	if u.Scheme != "etcd" && u.Scheme != "etcds" {
 		return nil, nil, invalid("scheme %q is not etcd or etcds", u.Scheme)
 	}
@@ -101,13 +91,13 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", urlparams.RedactText(err.Error(), u))
+		return nil, nil, invalid("malformed query: %v", dlockdriver.RedactText(err.Error(), u))
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := &Options{Lock: *lock, KeyPrefix: DefaultKeyPrefix}
+	opts := &Options{Defaults: *lock, KeyPrefix: DefaultKeyPrefix}
 	if u.Path != "" {
 		opts.KeyPrefix = u.Path
 	}
@@ -145,7 +135,7 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 		}
 	}
 
-	p := urlparams.Params{Q: q, Driver: "etcd"}
+	p := dlockdriver.Params{Q: q, Driver: "etcd"}
 	for key, dst := range map[string]*time.Duration{
 		paramDialTimeout: &cfg.DialTimeout,
 		paramKeepAlive:   &cfg.DialKeepAliveTime,
@@ -164,7 +154,7 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	if p.Err != nil {
 		return nil, nil, p.Err
 	}
-	if err := dlock.RejectUnknown(q); err != nil {
+	if err := dlockdriver.RejectUnknown(q); err != nil {
 		return nil, nil, err
 	}
 	if !secure && p.TLS {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -57,7 +58,7 @@ type waiter struct {
 // Acquire puts the waiter's key and, when the name is taken, reads its
 // predecessor in the same transaction, then waits for its predecessors to
 // go (see the package doc).
-func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	k := d.keys(req.Name, req.Token)
 	keysOnly := clientv3.WithKeysOnly()
 	var (
@@ -126,7 +127,7 @@ func (d *driver) waitError(ctx context.Context, k keys, err error) error {
 	return fmt.Errorf("%w: etcd: waiting for %q: %w", dlock.ErrNotAcquired, k.prefix, err)
 }
 
-func (w *waiter) grant() *dlock.Grant {
+func (w *waiter) grant() *dlockdriver.Grant {
 	return w.d.grant(w.k, w.rev, w.value, w.l)
 }
 
@@ -152,7 +153,7 @@ func (w *waiter) leave(ctx context.Context) {
 // wait blocks until the waiter's key is the first under its prefix, its ctx
 // ends, or its etcd lease is found gone, keeping the etcd lease alive
 // meanwhile.
-func (w *waiter) wait(ctx context.Context) (*dlock.Grant, error) {
+func (w *waiter) wait(ctx context.Context) (*dlockdriver.Grant, error) {
 	kctx, stop := context.WithCancel(ctx)
 	gone := make(chan error, 1)
 	var wg sync.WaitGroup
@@ -208,7 +209,7 @@ func (w *waiter) wait(ctx context.Context) (*dlock.Grant, error) {
 			continue
 		}
 		if err == nil {
-			var g *dlock.Grant
+			var g *dlockdriver.Grant
 			if g, err = w.confirm(ctx); err == nil {
 				return g, nil
 			}
@@ -222,7 +223,7 @@ func (w *waiter) wait(ctx context.Context) (*dlock.Grant, error) {
 
 // confirm grants a waiter found first, renewing its etcd lease first when
 // its life can no longer be vouched for.
-func (w *waiter) confirm(ctx context.Context) (*dlock.Grant, error) {
+func (w *waiter) confirm(ctx context.Context) (*dlockdriver.Grant, error) {
 	if time.Since(w.l.lastSent()) >= w.l.granted/3 {
 		if err := w.d.keepAlive(ctx, w.l); err != nil {
 			if leaseGone(err) {

@@ -33,23 +33,37 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 )
 
 func init() {
-	dlock.Register("mem", func(ctx context.Context, u *url.URL) (dlock.Locker, error) {
-		q := u.Query()
-		defaults, err := dlock.OptionsFromQuery(q)
+	dlockdriver.Register("mem", func(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
+		s, opts, err := ParseURL(u)
 		if err != nil {
 			return nil, err
 		}
-		if err := dlock.RejectUnknown(q); err != nil {
-			return nil, err
-		}
-		if u.Path != "" && u.Path != "/" || u.User != nil {
-			return nil, fmt.Errorf("%w: mem URLs take only a store name as host, as in mem://NAME", dlock.ErrInvalid)
-		}
-		return New(NamedStore(u.Host), defaults)
+		return newDriver(s, opts), nil
 	})
+}
+
+// ParseURL returns the Store a mem:// URL names and the Options it sets.
+// Every error matches dlock.ErrInvalid.
+func ParseURL(u *url.URL) (*Store, *Options, error) {
+	if u.Scheme != "mem" {
+		return nil, nil, fmt.Errorf("%w: memory: scheme %q is not mem", dlock.ErrInvalid, u.Scheme)
+	}
+	q := u.Query()
+	defaults, err := dlock.OptionsFromQuery(q)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := dlockdriver.RejectUnknown(q); err != nil {
+		return nil, nil, err
+	}
+	if u.Path != "" && u.Path != "/" || u.User != nil {
+		return nil, nil, fmt.Errorf("%w: mem URLs take only a store name as host, as in mem://NAME", dlock.ErrInvalid)
+	}
+	return NamedStore(u.Host), &Options{Defaults: *defaults}, nil
 }
 
 var (
@@ -125,21 +139,36 @@ func (s *Store) live(name string, now time.Time) *entry {
 	return e
 }
 
-// New returns a Locker on s (nil: the default store) with a perfect link.
-func New(s *Store, defaults *dlock.Options) (dlock.Locker, error) {
-	return NewLinked(s, defaults, nil)
+// Options configure a Locker on a Store.
+type Options struct {
+	// Defaults are the Locker's default lock options (URL: ttl, refresh,
+	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
+	// defaults documented on dlock.Options.
+	Defaults dlock.Options
+
+	// Link, when not nil, carries every request of the Locker, so that tests
+	// can partition, reset or slow it. Default: a perfect link.
+	Link *Link
 }
 
-// NewLinked returns a Locker on s whose every request crosses link (nil: a
-// perfect one), so tests can partition, reset or slow it.
-func NewLinked(s *Store, defaults *dlock.Options, link *Link) (dlock.Locker, error) {
+// New returns a Locker on s (nil: the default store).
+func New(s *Store, opts *Options) (*dlock.Locker, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	return dlock.New(newDriver(s, &o), &o.Defaults)
+}
+
+func newDriver(s *Store, o *Options) *driver {
 	if s == nil {
 		s = NamedStore("")
 	}
+	link := o.Link
 	if link == nil {
 		link = NewLink()
 	}
-	return dlock.New(&driver{s: s, link: link}, defaults)
+	return &driver{s: s, link: link}
 }
 
 type driver struct {
@@ -153,7 +182,7 @@ func (d *driver) Capabilities() dlock.Capabilities {
 
 func (d *driver) Close() error { return nil }
 
-func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	var fence uint64
 	err := d.link.do(ctx, func() error {
 		s := d.s
@@ -161,7 +190,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 		defer s.mu.Unlock()
 		now := time.Now()
 		if e := s.live(req.Name, now); e != nil {
-			return dlock.Busy(e.expires.Sub(now))
+			return dlockdriver.Busy(e.expires.Sub(now))
 		}
 		s.fence++
 		fence = s.fence
@@ -171,7 +200,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 	if err != nil {
 		return nil, err
 	}
-	return &dlock.Grant{Handle: &handle{d: d, name: req.Name, token: req.Token}, Fence: fence}, nil
+	return &dlockdriver.Grant{Handle: &handle{d: d, name: req.Name, token: req.Token}, Fence: fence}, nil
 }
 
 func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
@@ -263,8 +292,8 @@ func (s *Store) Watchers(name string) int {
 }
 
 // Abandon removes the lock if req.Token holds it (an attempt whose reply was
-// lost); see dlock.Abandoner.
-func (d *driver) Abandon(ctx context.Context, req dlock.Request) error {
+// lost); see dlockdriver.Abandoner.
+func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
 	h := &handle{d: d, name: req.Name, token: req.Token}
 	if err := h.Release(ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
 		return err

@@ -16,9 +16,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type harness struct{ store *memory.Store }
 
-func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, conformance.Faults) {
+func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	link := memory.NewLink()
-	l, err := memory.NewLinked(h.store, defaults, link)
+	o := &memory.Options{Link: link}
+	if defaults != nil {
+		o.Defaults = *defaults
+	}
+	l, err := memory.New(h.store, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ var variants = []struct {
 	{"nofencing", &postgres.Options{NoFencing: true}},
 }
 
-func benchLocker(b *testing.B, opts *postgres.Options) dlock.Locker {
+func benchLocker(b *testing.B, opts *postgres.Options) *dlock.Locker {
 	srv := servers.Require(b, servers.Postgres)
 	l := newLocker(b, srv.Addr(), opts)
 	ls, err := l.TryAcquire(context.Background(), uniqueName(b), nil) // warm the pool
@@ -81,7 +81,7 @@ func rawCycle(b *testing.B, ctx context.Context, c *pgx.Conn, name string) {
 	}
 }
 
-func dlockCycle(b *testing.B, ctx context.Context, l dlock.Locker, name string) {
+func dlockCycle(b *testing.B, ctx context.Context, l *dlock.Locker, name string) {
 	ls, err := l.TryAcquire(ctx, name, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -191,7 +191,7 @@ func BenchmarkContended(b *testing.B) {
 		b.Run(v.name, func(b *testing.B) {
 			ctx := context.Background()
 			addr := servers.Require(b, servers.Postgres).Addr()
-			lockers := make([]dlock.Locker, contendedWorkers)
+			lockers := make([]*dlock.Locker, contendedWorkers)
 			conns := make([]*pgx.Conn, contendedWorkers)
 			for i := range lockers {
 				lockers[i] = benchLocker(b, v.opts)

@@ -20,7 +20,7 @@ type harness struct {
 	raw  *pgx.Conn // straight to the server, for Residue
 }
 
-func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, conformance.Faults) {
+func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	t.Helper()
 	p, err := faultnet.Listen(h.addr)
 	if err != nil {
@@ -29,7 +29,7 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker,
 	t.Cleanup(func() { _ = p.Close() })
 	o := &postgres.Options{}
 	if defaults != nil {
-		o.Lock = *defaults
+		o.Defaults = *defaults
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -41,7 +41,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	locker, err := postgres.New(pool, &postgres.Options{Lock: dlock.Options{TTL: 30 * time.Second}})
+	locker, err := postgres.New(pool, &postgres.Options{Defaults: dlock.Options{TTL: 30 * time.Second}})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -69,7 +69,7 @@ func TestIdleSessionTimeout(t *testing.T) {
 	raw := rawConn(t, srv.Addr())
 	p := proxied(t, srv.Addr())
 	ttl := time.Second
-	a := newLocker(t, p.Addr(), &postgres.Options{Lock: dlock.Options{TTL: ttl}})
+	a := newLocker(t, p.Addr(), &postgres.Options{Defaults: dlock.Options{TTL: ttl}})
 	name := uniqueName(t)
 	ls, err := a.TryAcquire(ctx, name, nil)
 	if err != nil {
@@ -176,7 +176,7 @@ func TestCancelledCtxKeepsLock(t *testing.T) {
 	srv := servers.Require(t, servers.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := proxied(t, srv.Addr())
-	a := newLocker(t, p.Addr(), &postgres.Options{Lock: dlock.Options{TTL: 10 * time.Second}})
+	a := newLocker(t, p.Addr(), &postgres.Options{Defaults: dlock.Options{TTL: 10 * time.Second}})
 	b := newLocker(t, srv.Addr(), nil)
 	name := uniqueName(t)
 	ls, err := a.TryAcquire(ctx, name, nil)

@@ -90,7 +90,7 @@ func TestFenceObjectsByAdministrator(t *testing.T) {
 		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 		_, _ = admin.Exec(ctx, "DROP ROLE "+role)
 	})
-	open := func() (dlock.Locker, error) {
+	open := func() (*dlock.Locker, error) {
 		cfg := poolConfig(t, addr)
 		cfg.ConnConfig.User, cfg.ConnConfig.Password = role, "pw-"+suffix
 		return postgres.NewFromConfig(ctx, cfg, &postgres.Options{FenceSchema: schema})

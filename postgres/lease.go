@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// lease is the dlock.Handle of one held lock: the pooled connection whose
+// lease is the dlockdriver.Handle of one held lock: the pooled connection whose
 // session holds it, kept out of the pool until a confirmed release.
 //
 // The Locker serialises Refresh, Held and Release. Besides them, three
@@ -28,7 +28,7 @@ type lease struct {
 	name       string
 	args       [3][]byte   // acquire.sql's parameters (here, not on the heap on their own)
 	acquireRow             // pid is the backend that holds the lock
-	onLost     func()      // called once the lease is given up (dlock.LossNotifier); under mu
+	onLost     func()      // called once the lease is given up (dlockdriver.LossNotifier); under mu
 	relRow     releaseRow  // release.sql's result
 	unlock     unlockCall  // fastUnlock's message
 	cw         cancelWatch // of the statement running (see cancellable)
@@ -158,7 +158,7 @@ func (h *lease) watch(watched chan struct{}) {
 	}
 }
 
-// OnLost implements dlock.LossNotifier: f is called when the lease gives its
+// OnLost implements dlockdriver.LossNotifier: f is called when the lease gives its
 // connection up (see giveUp), at once if it has already.
 func (h *lease) OnLost(f func()) {
 	h.mu.Lock()

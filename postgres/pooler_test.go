@@ -172,7 +172,7 @@ func (p *txPooler) session(client net.Conn) {
 
 // pooledLocker is a Locker whose connections go through a pooler at addr.
 // The statement cache is off, as it must be behind a transaction pooler.
-func pooledLocker(t testing.TB, addr string, opts *postgres.Options) dlock.Locker {
+func pooledLocker(t testing.TB, addr string, opts *postgres.Options) *dlock.Locker {
 	t.Helper()
 	cfg := poolConfig(t, addr)
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec

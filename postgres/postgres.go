@@ -210,6 +210,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -327,10 +328,10 @@ var ErrPooler = errors.New("postgres: the connection goes through a transaction 
 
 // Options configure a Locker. A nil *Options means all defaults.
 type Options struct {
-	// Lock holds the Locker's default lock options (URL: ttl, refresh,
+	// Defaults are the Locker's default lock options (URL: ttl, refresh,
 	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
 	// defaults documented on dlock.Options.
-	Lock dlock.Options
+	Defaults dlock.Options
 
 	// KeyPrefix is put before every lock name before hashing it into an
 	// advisory key (URL: prefix=app/), to keep apart applications that lock
@@ -360,49 +361,61 @@ type Options struct {
 
 // New returns a Locker taking its connections from the application's pool.
 // Closing the Locker does not close the pool.
-func New(pool *pgxpool.Pool, opts *Options) (dlock.Locker, error) {
+func New(pool *pgxpool.Pool, opts *Options) (*dlock.Locker, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool", dlock.ErrInvalid)
 	}
-	l, _, err := newLocker(pool, opts, false)
-	return l, err
+	d := newDriver(pool, opts, false)
+	return dlock.New(d, &d.defaults)
 }
 
 // NewFromConfig makes a pool from cfg, checks that the server answers
 // (bounded by ctx), and returns a Locker that owns the pool and closes it on
 // Close.
-func NewFromConfig(ctx context.Context, cfg *pgxpool.Config, opts *Options) (dlock.Locker, error) {
+func NewFromConfig(ctx context.Context, cfg *pgxpool.Config, opts *Options) (*dlock.Locker, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("%w: postgres: nil config", dlock.ErrInvalid)
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects lazily
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("postgres: connecting: %w", err)
-	}
-	l, d, err := newLocker(pool, opts, true)
+	d := newDriver(pool, opts, true)
+	l, err := dlock.New(d, &d.defaults)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	if d.fencing {
-		// Fail here, not at the first acquisition, when the fencing objects
-		// cannot be made or used.
-		err := pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
-			return d.ensureEpoch(ctx, c.Conn())
-		})
-		if err != nil {
-			_ = l.Close(context.WithoutCancel(ctx))
-			return nil, err
-		}
+	if err := d.Ping(ctx); err != nil {
+		_ = l.Close(context.WithoutCancel(ctx))
+		return nil, err
 	}
 	return l, nil
 }
 
-func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, *driver, error) {
+// Ping connects, and when fencing is on makes or checks the fencing objects,
+// so that a Locker fails when it is opened rather than at its first
+// acquisition. ctx bounds it.
+func (d *driver) Ping(ctx context.Context) error {
+	where := ""
+	if d.addr != "" {
+		where = " to " + d.addr
+	}
+	if err := d.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: connecting%s: %w", where, err)
+	}
+	if d.fencing {
+		err := d.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+			return d.ensureEpoch(ctx, c.Conn())
+		})
+		if err != nil {
+			return fmt.Errorf("postgres: opening%s: %w", where, err)
+		}
+	}
+	return nil
+}
+
+func newDriver(pool *pgxpool.Pool, opts *Options, ownsPool bool) *driver {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -431,13 +444,15 @@ func newLocker(pool *pgxpool.Pool, opts *Options, ownsPool bool) (dlock.Locker, 
 	}
 	d.waitStmt, d.waitKept = acquire(waitTake, prevSettings), acquire(waitTakeKept, prevKept)
 	d.tryStmt, d.tryKept = acquire(tryTake, prevSettings), acquire(tryTakeKept, prevKept)
-	l, err := dlock.New(d, &o.Lock)
-	return l, d, err
+	d.defaults = o.Defaults
+	return d
 }
 
 type driver struct {
 	pool     *pgxpool.Pool
 	ownsPool bool
+	defaults dlock.Options // New's Options.Defaults
+	addr     string        // the redacted URL, when opened from one
 	prefix   string
 	fencing  bool
 	fence    fenceObjects
@@ -487,7 +502,7 @@ const deadConnRetries = 3
 // trip). A pooled connection that turns out dead (the server restarted since
 // the pool last used it) is replaced, up to deadConnRetries times: its
 // session is gone, and with it anything the statement might have taken.
-func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	ms, err := millis(req.TTL)
 	if err != nil {
 		return nil, err
@@ -503,7 +518,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 // Acquire waits in the server's lock queue (pg_advisory_lock). When its
 // connection fails (a restart, a dropped connection) it queues again on
 // another after a backoff, until ctx ends.
-func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	ms, err := millis(req.TTL)
 	if err != nil {
 		return nil, err
@@ -589,7 +604,7 @@ func (r *acquireRow) decode(v [][]byte) (err error) {
 
 // acquire makes one attempt on a connection from the pool: one
 // pg_try_advisory_lock, or one wait in pg_advisory_lock.
-func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait bool) (*dlock.Grant, error) {
+func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string, wait bool) (*dlockdriver.Grant, error) {
 	kept, ok := d.unpark()
 	c := kept.c
 	if !ok {
@@ -671,7 +686,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 		} else {
 			c.Release()
 		}
-		return nil, dlock.Busy(0)
+		return nil, dlockdriver.Busy(0)
 	}
 	if ok {
 		r.release[2], r.release[3] = kept.orig[0], kept.orig[1]
@@ -695,8 +710,8 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, ms string, wait
 		h.giveUp()
 		return nil, dlock.ErrClosed
 	}
-	// Loss is reported through OnLost (dlock.LossNotifier) alone.
-	return &dlock.Grant{Handle: h, Fence: fence, Sent: sent}, nil
+	// Loss is reported through OnLost (dlockdriver.LossNotifier) alone.
+	return &dlockdriver.Grant{Handle: h, Fence: fence, Sent: sent}, nil
 }
 
 // track registers a lease holding a connection, starting the sweep if it is

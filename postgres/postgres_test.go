@@ -87,7 +87,7 @@ func testCtx(t *testing.T) context.Context {
 }
 
 // newLocker returns a Locker on addr with its own pool, closed at cleanup.
-func newLocker(t testing.TB, addr string, opts *postgres.Options) dlock.Locker {
+func newLocker(t testing.TB, addr string, opts *postgres.Options) *dlock.Locker {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -99,7 +99,7 @@ func newLocker(t testing.TB, addr string, opts *postgres.Options) dlock.Locker {
 	return l
 }
 
-func closeAtCleanup(t testing.TB, l dlock.Locker) {
+func closeAtCleanup(t testing.TB, l *dlock.Locker) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -193,7 +193,7 @@ type result struct {
 }
 
 // acquireAsync starts an Acquire and returns where its outcome arrives.
-func acquireAsync(ctx context.Context, l dlock.Locker, name string, o *dlock.Options) <-chan result {
+func acquireAsync(ctx context.Context, l *dlock.Locker, name string, o *dlock.Options) <-chan result {
 	c := make(chan result, 1)
 	go func() {
 		ls, err := l.Acquire(ctx, name, o)

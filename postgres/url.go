@@ -9,12 +9,13 @@ import (
 	"strings"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func init() {
-	dlock.Register("postgres", open)
-	dlock.Register("postgresql", open)
+	dlockdriver.Register("postgres", open)
+	dlockdriver.Register("postgresql", open)
 }
 
 // DefaultMaxConns is the pool size of a Locker opened from a URL without
@@ -29,17 +30,20 @@ const (
 	paramFenceSchema   = "fence_schema"
 )
 
-// open is the dlock.OpenFunc for postgres:// and postgresql:// URLs.
-func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
+// open is the dlockdriver.OpenFunc for postgres:// and postgresql:// URLs.
+// The pool connects lazily; dlock.Open calls the driver's Ping.
+func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
 	cfg, opts, err := ParseURL(u)
 	if err != nil {
 		return nil, err
 	}
-	l, err := NewFromConfig(ctx, cfg, opts)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: opening %s: %w", dlock.Redact(u), err)
+		return nil, fmt.Errorf("postgres: opening %s: %w", dlockdriver.RedactURL(u), err)
 	}
-	return l, nil
+	d := newDriver(pool, opts, true)
+	d.addr = dlockdriver.RedactURL(u)
+	return d, nil
 }
 
 // ParseURL turns a postgres:// or postgresql:// URL into a pool
@@ -64,7 +68,7 @@ func ParseURL(u *url.URL) (*pgxpool.Config, *Options, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := &Options{Lock: *lock}
+	opts := &Options{Defaults: *lock}
 	take := func(key string) (string, bool, error) {
 		vals, ok := q[key]
 		if !ok {

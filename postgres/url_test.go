@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
@@ -26,7 +27,7 @@ func TestParseURL(t *testing.T) {
 		{"postgres://u:p@h:5432/db", postgres.Options{}, postgres.DefaultMaxConns},
 		{"postgresql://u:p@h/db?sslmode=disable&pool_max_conns=5", postgres.Options{}, 5},
 		{"postgres://h/db?ttl=10s&refresh=false&prefix=app/&fencing=false&session_pooler=true&application_name=x",
-			postgres.Options{Lock: dlock.Options{TTL: 10 * time.Second, NoRefresh: true}, KeyPrefix: "app/", NoFencing: true, SessionPooler: true}, postgres.DefaultMaxConns},
+			postgres.Options{Defaults: dlock.Options{TTL: 10 * time.Second, NoRefresh: true}, KeyPrefix: "app/", NoFencing: true, SessionPooler: true}, postgres.DefaultMaxConns},
 		{"postgres://h/db?fencing=true", postgres.Options{}, postgres.DefaultMaxConns},
 	} {
 		u, _ := url.Parse(tc.url)
@@ -77,7 +78,7 @@ func TestParseURLInvalid(t *testing.T) {
 
 func TestSchemesRegistered(t *testing.T) {
 	for _, s := range []string{"postgres", "postgresql"} {
-		if !slices.Contains(dlock.Schemes(), s) {
+		if !slices.Contains(dlockdriver.Schemes(), s) {
 			t.Errorf("scheme %s not registered", s)
 		}
 	}

@@ -20,7 +20,7 @@ type harness struct {
 	compat bool
 }
 
-func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, conformance.Faults) {
+func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	t.Helper()
 	p, err := faultnet.Listen(h.addr)
 	if err != nil {
@@ -31,7 +31,7 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker,
 	t.Cleanup(func() { _ = c.Close() })
 	o := &redis.Options{Compat: h.compat}
 	if defaults != nil {
-		o.Lock = *defaults
+		o.Defaults = *defaults
 	}
 	l, err := redis.New(c, o)
 	if err != nil {

@@ -6,12 +6,12 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// ParseURL exposes parseURL to the tests: the go-redis options and driver
+// ParseRawURL is ParseURL of a string, for the tests: the go-redis options and driver
 // options a URL yields, without any I/O.
-func ParseURL(raw string) (*goredis.Options, *Options, error) {
+func ParseRawURL(raw string) (*goredis.Options, *Options, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, nil, err
 	}
-	return parseURL(u)
+	return ParseURL(u)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -37,7 +38,7 @@ const (
 )
 
 // queueDriver is the driver in the default layout: it implements
-// dlock.Waiter with the server-side FIFO queue. The compat layout uses the
+// dlockdriver.Waiter with the server-side FIFO queue. The compat layout uses the
 // bare *driver, so that the Locker's own (notified) polling loop waits there.
 type queueDriver struct{ *driver }
 
@@ -120,7 +121,7 @@ func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wai
 // until then plus the TTL. A grant message is taken only if its fence is
 // above the counter that request saw, so a message from an older grant
 // (delayed past that grant's expiry) is not mistaken for a new one.
-func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.Grant, err error) {
+func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *dlockdriver.Grant, err error) {
 	d := q.driver
 	keys := d.keys(req.Name)
 	channel := keys[0] + ":released"
@@ -231,7 +232,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlock.Request) (g *dlock.
 
 // waitGrant is the grant of a wait that acquire.lua granted (sent: this
 // call's send time) or found handed over already (floor).
-func (d *driver) waitGrant(keys []string, token any, r reply, sent, floor time.Time) *dlock.Grant {
+func (d *driver) waitGrant(keys []string, token any, r reply, sent, floor time.Time) *dlockdriver.Grant {
 	g := d.grant(keys, token, r.px, r.fence)
 	g.Sent = sent
 	if r.kind == replyHeld {
@@ -240,7 +241,7 @@ func (d *driver) waitGrant(keys []string, token any, r reply, sent, floor time.T
 	return g
 }
 
-func withSent(g *dlock.Grant, sent time.Time) *dlock.Grant {
+func withSent(g *dlockdriver.Grant, sent time.Time) *dlockdriver.Grant {
 	g.Sent = sent
 	return g
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/redis"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -326,7 +327,7 @@ func TestTryAcquireNoBarging(t *testing.T) {
 	}
 	fence, _ := raw.Get(ctx, key+":fence").Uint64()
 	_, err = l.TryAcquire(ctx, "t", nil)
-	var busy *dlock.BusyError
+	var busy *dlockdriver.BusyError
 	if !errors.As(err, &busy) || busy.RetryAfter <= 4*time.Second {
 		t.Fatalf("TryAcquire with a live waiter queued: %v; want busy for the waiter's 5s", err)
 	}

@@ -171,6 +171,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -197,10 +198,10 @@ const MinTTL = 10 * time.Millisecond
 
 // Options configure a Locker. A nil *Options means all defaults.
 type Options struct {
-	// Lock holds the Locker's default lock options (URL: ttl, refresh,
+	// Defaults are the Locker's default lock options (URL: ttl, refresh,
 	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
 	// defaults documented on dlock.Options.
-	Lock dlock.Options
+	Defaults dlock.Options
 
 	// KeyPrefix starts every key and channel name (URL: prefix=app:).
 	// Default "dlock:", or "" in compat mode.
@@ -221,14 +222,18 @@ type Options struct {
 // New works with any UniversalClient; on a cluster the hash-tagged layout
 // keeps each lock's keys in one slot, and the guarantees are those of the
 // shard's primary.
-func New(client goredis.UniversalClient, opts *Options) (dlock.Locker, error) {
+func New(client goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
 	}
-	return newLocker(client, opts, false)
+	d := newDriver(client, opts, false)
+	if d.compat {
+		return dlock.New(d, &d.defaults)
+	}
+	return dlock.New(&queueDriver{d}, &d.defaults)
 }
 
-func newLocker(client goredis.UniversalClient, opts *Options, ownsClient bool) (dlock.Locker, error) {
+func newDriver(client goredis.UniversalClient, opts *Options, ownsClient bool) *driver {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -244,14 +249,22 @@ func newLocker(client goredis.UniversalClient, opts *Options, ownsClient bool) (
 	}
 	d.hub = redishub.New(client, "redis", routeGrant)
 	d.grants = d.prefix + "grants:" + newID()
-	if d.compat {
-		return dlock.New(d, &o.Lock)
+	d.defaults = o.Defaults
+	return d
+}
+
+// Ping checks that the server answers, for dlock.Open.
+func (d *driver) Ping(ctx context.Context) error {
+	if err := d.c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis: connecting to %s: %w", d.addr, err)
 	}
-	return dlock.New(&queueDriver{d}, &o.Lock)
+	return nil
 }
 
 type driver struct {
 	c          goredis.UniversalClient
+	defaults   dlock.Options // New's Options.Defaults
+	addr       string        // the redacted URL, when opened from one
 	prefix     string
 	compat     bool
 	ownsClient bool
@@ -301,7 +314,7 @@ func millis(ttl time.Duration) int64 {
 // TryAcquire runs acquire.lua: one round trip whether the lock is free or
 // not. (In the compat layout a plain SET NX PX costs the same when the lock
 // is free, but needs a second round trip for the holder's PTTL when not.)
-func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	keys := d.keys(req.Name)
 	token := any(req.Token) // boxed once for every call of the lease
 	if d.compat {
@@ -325,25 +338,25 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 	return d.grant(keys, token, r.px, r.fence), nil
 }
 
-func (d *driver) grant(keys []string, token any, px int64, fence uint64) *dlock.Grant {
-	return &dlock.Grant{
+func (d *driver) grant(keys []string, token any, px int64, fence uint64) *dlockdriver.Grant {
+	return &dlockdriver.Grant{
 		Handle: &handle{d: d, keys: keys, token: token},
 		TTL:    time.Duration(px) * time.Millisecond,
 		Fence:  fence,
 	}
 }
 
-// busy turns acquire.lua's negative or zero reply into a *dlock.BusyError.
+// busy turns acquire.lua's negative or zero reply into a *dlockdriver.BusyError.
 func busy(n int64) error {
 	if n == 0 {
-		return dlock.Busy(0) // no expiry: the holder's remaining time is unknown
+		return dlockdriver.Busy(0) // no expiry: the holder's remaining time is unknown
 	}
 	ms := -1 - n
 	if ms == 0 {
 		// Less than a millisecond left: retry at once, not at RetryMax.
-		return dlock.Busy(time.Microsecond)
+		return dlockdriver.Busy(time.Microsecond)
 	}
-	return dlock.Busy(time.Duration(ms) * time.Millisecond)
+	return dlockdriver.Busy(time.Duration(ms) * time.Millisecond)
 }
 
 // Abandon removes the lock if req.Token holds it: the attempt that took it
@@ -351,7 +364,7 @@ func busy(n int64) error {
 // request went out). It is the release script, so waiters hear of it. An
 // attempt delayed in the network past its abandon still takes the lock,
 // which then lasts until its TTL.
-func (d *driver) Abandon(ctx context.Context, req dlock.Request) error {
+func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
 	keys := d.keys(req.Name)
 	if err := releaseScript.Run(ctx, d.c, keys, req.Token).Err(); err != nil {
 		return fmt.Errorf("redis: abandoning an attempt on %q: %w", keys[0], err)

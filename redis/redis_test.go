@@ -18,6 +18,7 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/internal/servers/servertest"
 	"github.com/dlock/dlock/redis"
@@ -83,7 +84,7 @@ func testPrefix(t *testing.T, raw *goredis.Client) string {
 }
 
 // newLocker returns a Locker on client, closed at cleanup.
-func newLocker(t testing.TB, client goredis.UniversalClient, opts *redis.Options) dlock.Locker {
+func newLocker(t testing.TB, client goredis.UniversalClient, opts *redis.Options) *dlock.Locker {
 	t.Helper()
 	l, err := redis.New(client, opts)
 	if err != nil {
@@ -193,7 +194,7 @@ type result struct {
 }
 
 // acquireAsync starts an Acquire and returns where its outcome arrives.
-func acquireAsync(ctx context.Context, l dlock.Locker, name string, o *dlock.Options) <-chan result {
+func acquireAsync(ctx context.Context, l *dlock.Locker, name string, o *dlock.Options) <-chan result {
 	c := make(chan result, 1)
 	go func() {
 		ls, err := l.Acquire(ctx, name, o)
@@ -400,7 +401,7 @@ func TestBusyHints(t *testing.T) {
 			raw.Set(ctx, key, "foreign", 0)
 			defer raw.Del(ctx, key)
 			_, err := l.TryAcquire(ctx, "x", nil)
-			var busy *dlock.BusyError
+			var busy *dlockdriver.BusyError
 			if !errors.As(err, &busy) || busy.RetryAfter != 0 {
 				t.Errorf("TryAcquire over a key without expiry: %v; want a BusyError without hint", err)
 			}
@@ -492,7 +493,7 @@ func TestCompatInterop(t *testing.T) {
 
 			// The library holds: dlock cannot acquire; after release it can.
 			_, err = l.TryAcquire(ctx, name, nil)
-			var busy *dlock.BusyError
+			var busy *dlockdriver.BusyError
 			if !errors.As(err, &busy) || busy.RetryAfter <= 9*time.Second {
 				t.Fatalf("TryAcquire while %s holds: %v; want busy for ~10s", lib, err)
 			}
@@ -857,7 +858,7 @@ func TestCloseKeepsClient(t *testing.T) {
 	if _, err := redis.New(nil, nil); !errors.Is(err, dlock.ErrInvalid) {
 		t.Errorf("New(nil): %v, want ErrInvalid", err)
 	}
-	if _, err := redis.New(c, &redis.Options{Lock: dlock.Options{TTL: time.Millisecond}}); !errors.Is(err, dlock.ErrInvalid) {
+	if _, err := redis.New(c, &redis.Options{Defaults: dlock.Options{TTL: time.Millisecond}}); !errors.Is(err, dlock.ErrInvalid) {
 		t.Errorf("New with a TTL below MinTTL: %v, want ErrInvalid", err)
 	}
 }
@@ -1076,7 +1077,7 @@ func TestOpenCompat(t *testing.T) {
 
 func TestSchemesRegistered(t *testing.T) {
 	for _, s := range []string{"redis", "rediss"} {
-		if !slices.Contains(dlock.Schemes(), s) {
+		if !slices.Contains(dlockdriver.Schemes(), s) {
 			t.Errorf("scheme %q not registered", s)
 		}
 	}

@@ -24,7 +24,7 @@ func TestTLSParams(t *testing.T) {
 		"tls_key":         {pki.ClientKey},
 		"tls_server_name": {"redis.test"},
 	}
-	gopts, opts, err := redis.ParseURL("rediss://u:pw@10.0.0.9:6380/3?ttl=4s&prefix=x:&pool_size=7&" + q.Encode())
+	gopts, opts, err := redis.ParseRawURL("rediss://u:pw@10.0.0.9:6380/3?ttl=4s&prefix=x:&pool_size=7&" + q.Encode())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,18 +49,18 @@ func TestTLSParams(t *testing.T) {
 	if !gopts.ContextTimeoutEnabled {
 		t.Error("ContextTimeoutEnabled is off")
 	}
-	if opts.Lock.TTL != 4*time.Second || opts.KeyPrefix != "x:" || opts.Compat {
+	if opts.Defaults.TTL != 4*time.Second || opts.KeyPrefix != "x:" || opts.Compat {
 		t.Errorf("driver options %+v; want ttl 4s, prefix x:", opts)
 	}
 
-	gopts, _, err = redis.ParseURL("rediss://10.0.0.9?tls_insecure_skip_verify=true")
+	gopts, _, err = redis.ParseRawURL("rediss://10.0.0.9?tls_insecure_skip_verify=true")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !gopts.TLSConfig.InsecureSkipVerify || gopts.TLSConfig.ServerName != "10.0.0.9" || gopts.TLSConfig.RootCAs != nil {
 		t.Errorf("skip-verify config %+v; want InsecureSkipVerify, ServerName from the host, system roots", gopts.TLSConfig)
 	}
-	gopts, _, err = redis.ParseURL("redis://10.0.0.9")
+	gopts, _, err = redis.ParseRawURL("redis://10.0.0.9")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,32 +8,28 @@ import (
 	"strings"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/urlparams"
+	dlockdriver "github.com/dlock/dlock/driver"
 	goredis "github.com/redis/go-redis/v9"
 )
 
 func init() {
-	dlock.Register("redis", open)
-	dlock.Register("rediss", open)
+	dlockdriver.Register("redis", open)
+	dlockdriver.Register("rediss", open)
 }
 
-// open is the dlock.OpenFunc for redis:// and rediss:// URLs.
-func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
-	gopts, opts, err := parseURL(u)
+// open is the dlockdriver.OpenFunc for redis:// and rediss:// URLs.
+// The client connects lazily; dlock.Open calls the driver's Ping.
+func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
+	gopts, opts, err := ParseURL(u)
 	if err != nil {
 		return nil, err
 	}
-	client := goredis.NewClient(gopts) // connects lazily
-	l, err := newLocker(client, opts, true)
-	if err != nil {
-		_ = client.Close()
-		return nil, err
+	d := newDriver(goredis.NewClient(gopts), opts, true)
+	d.addr = dlockdriver.RedactURL(u)
+	if d.compat {
+		return d, nil
 	}
-	if err := client.Ping(ctx).Err(); err != nil {
-		_ = l.Close(context.Background()) // closes the client
-		return nil, fmt.Errorf("redis: connecting to %s: %w", dlock.Redact(u), urlparams.Redact(err, u))
-	}
-	return l, nil
+	return &queueDriver{d}, nil
 }
 
 // Parameters this package takes out of a URL before go-redis sees it.
@@ -42,10 +38,10 @@ const (
 	paramCompat = "compat"
 )
 
-// parseURL turns a redis:// or rediss:// URL into go-redis options and the
+// ParseURL turns a redis:// or rediss:// URL into go-redis options and the
 // driver's, without any network I/O. Every error matches dlock.ErrInvalid and
 // leaves the URL's password out.
-func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
+func ParseURL(u *url.URL) (*goredis.Options, *Options, error) {
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
 		return nil, nil, invalid("scheme %q is not redis or rediss", u.Scheme)
 	}
@@ -54,14 +50,14 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", urlparams.RedactText(err.Error(), u))
+		return nil, nil, invalid("malformed query: %v", dlockdriver.RedactText(err.Error(), u))
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := &Options{Lock: *lock}
-	p := urlparams.Params{Q: q, Driver: "redis"}
+	opts := &Options{Defaults: *lock}
+	p := dlockdriver.Params{Q: q, Driver: "redis"}
 	if v, ok := p.Take(paramPrefix); ok {
 		opts.KeyPrefix = v
 	}
@@ -82,7 +78,7 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err // url.Error quotes the whole URL
 		}
-		return nil, nil, invalid("%s", strings.TrimPrefix(urlparams.RedactText(err.Error(), u), "redis: "))
+		return nil, nil, invalid("%s", strings.TrimPrefix(dlockdriver.RedactText(err.Error(), u), "redis: "))
 	}
 	gopts.ContextTimeoutEnabled = true
 	if u.Scheme == "rediss" {

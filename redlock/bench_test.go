@@ -100,7 +100,7 @@ func floorCycle(ctx context.Context, cs []goredis.UniversalClient, key, token st
 	return nil
 }
 
-func cycle(ctx context.Context, l dlock.Locker, name string) error {
+func cycle(ctx context.Context, l *dlock.Locker, name string) error {
 	ls, err := l.TryAcquire(ctx, name, nil)
 	if err != nil {
 		return err

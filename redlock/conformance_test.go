@@ -18,12 +18,12 @@ type harness struct {
 	compat bool
 }
 
-func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, conformance.Faults) {
+func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	t.Helper()
 	clients, ps := h.c.proxied(t)
 	o := &redlock.Options{Compat: h.compat}
 	if defaults != nil {
-		o.Lock = *defaults
+		o.Defaults = *defaults
 	}
 	l, err := redlock.New(clients, o)
 	if err != nil {

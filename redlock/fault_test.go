@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/redlock"
 	goredis "github.com/redis/go-redis/v9"
@@ -110,7 +111,7 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 func TestMinorityDown(t *testing.T) {
 	c := newCluster(t, 5, nil)
 	live := []int{0, 1, 2}
-	opts := &redlock.Options{NodeTimeout: nodeTimeout, Lock: dlock.Options{TTL: faultTTL}}
+	opts := &redlock.Options{NodeTimeout: nodeTimeout, Defaults: dlock.Options{TTL: faultTTL}}
 	for _, f := range []fault{pause, kill} {
 		for _, holding := range []bool{false, true} {
 			when := "before acquiring"
@@ -124,7 +125,7 @@ func TestMinorityDown(t *testing.T) {
 				name := "minority-" + randomHex(4)
 				key := lockKey(name)
 				// Warm both lockers up: connections and scripts.
-				for _, w := range []dlock.Locker{l, contender} {
+				for _, w := range []*dlock.Locker{l, contender} {
 					ls, err := w.TryAcquire(ctx, name+"-warm", nil)
 					if err != nil {
 						t.Fatal(err)
@@ -181,7 +182,7 @@ func TestMinorityDown(t *testing.T) {
 					t.Errorf("Held = %v, %v; want true", ok, err)
 				}
 				_, err := contender.TryAcquire(ctx, name, nil)
-				var busy *dlock.BusyError
+				var busy *dlockdriver.BusyError
 				if !errors.As(err, &busy) || busy.RetryAfter < faultTTL/2 {
 					t.Errorf("contender: %v; want a BusyError with about the TTL left", err)
 				}
@@ -265,7 +266,7 @@ func TestMajorityDown(t *testing.T) {
 	for _, f := range []fault{pause, kill} {
 		t.Run(f.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			opts := &redlock.Options{NodeTimeout: nodeTimeout, Lock: dlock.Options{TTL: faultTTL}}
+			opts := &redlock.Options{NodeTimeout: nodeTimeout, Defaults: dlock.Options{TTL: faultTTL}}
 			l := newLocker(t, c.clients(t), opts)
 			name := "majority-" + randomHex(4)
 			held, err := l.TryAcquire(ctx, name+"-held", nil)
@@ -338,11 +339,11 @@ func TestSplitVote(t *testing.T) {
 	c := newCluster(t, 5, nil)
 	const lockers, rounds = 5, 6
 	const far = 20 * time.Millisecond
-	ls := make([]dlock.Locker, lockers)
+	ls := make([]*dlock.Locker, lockers)
 	var all []proxies
 	for j := range lockers {
 		clients, ps := c.proxied(t)
-		ls[j] = newLocker(t, clients, &redlock.Options{Lock: dlock.Options{TTL: 2 * time.Second}})
+		ls[j] = newLocker(t, clients, &redlock.Options{Defaults: dlock.Options{TTL: 2 * time.Second}})
 		warm, err := ls[j].TryAcquire(ctx, "split-warm-"+strconv.Itoa(j), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -705,7 +706,7 @@ func TestNewInvalid(t *testing.T) {
 		{"a client twice", []goredis.UniversalClient{three[0], three[1], three[0]}, nil},
 		{"negative node timeout", three, &redlock.Options{NodeTimeout: -time.Second}},
 		{"negative drift", three, &redlock.Options{Drift: -time.Second}},
-		{"TTL below the minimum", three, &redlock.Options{Lock: dlock.Options{TTL: time.Millisecond}}},
+		{"TTL below the minimum", three, &redlock.Options{Defaults: dlock.Options{TTL: time.Millisecond}}},
 	} {
 		if l, err := redlock.New(tc.clients, tc.opts); !errors.Is(err, dlock.ErrInvalid) {
 			if err == nil {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/redlock"
 	"github.com/go-redsync/redsync/v4"
 	redsyncredis "github.com/go-redsync/redsync/v4/redis"
@@ -54,7 +54,7 @@ func TestRedsyncInterop(t *testing.T) {
 
 			// redsync holds: dlock is refused, then gets it after the unlock.
 			_, err = l.TryAcquire(ctx, name, nil)
-			var busy *dlock.BusyError
+			var busy *dlockdriver.BusyError
 			if !errors.As(err, &busy) || busy.RetryAfter < 4*time.Second {
 				t.Errorf("dlock TryAcquire while redsync holds: %v; want a BusyError with about 5s left", err)
 			}

@@ -160,6 +160,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -167,6 +168,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -206,10 +208,10 @@ var ErrNoQuorum = errors.New("redlock: no quorum")
 
 // Options configure a Locker. A nil *Options means all defaults.
 type Options struct {
-	// Lock holds the Locker's default lock options (URL: ttl, refresh,
+	// Defaults are the Locker's default lock options (URL: ttl, refresh,
 	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
 	// defaults documented on dlock.Options.
-	Lock dlock.Options
+	Defaults dlock.Options
 
 	// KeyPrefix starts every key and channel name (URL: prefix=app:).
 	// Default "dlock:", or "" in compat mode.
@@ -240,11 +242,26 @@ type Options struct {
 // ReadTimeout instead of the node timeout. DialerRetries: 1 makes a request
 // to a node that refuses connections fail at once, rather than after
 // go-redis's dial retries (the clients Open makes are set up both ways).
-func New(clients []goredis.UniversalClient, opts *Options) (dlock.Locker, error) {
-	return newLocker(clients, opts, false)
+//
+// Each node must be one Redis server: a *goredis.Client, or a
+// *goredis.FailoverClient (Sentinel) if the failover's guarantees are
+// acceptable. A *goredis.ClusterClient or *goredis.Ring spreads keys over
+// several servers and is refused with dlock.ErrInvalid: Redlock's argument
+// needs independent single servers. The slice may be of any client type
+// (for example []*goredis.Client).
+func New[C goredis.UniversalClient](clients []C, opts *Options) (*dlock.Locker, error) {
+	ucs := make([]goredis.UniversalClient, len(clients))
+	for i, c := range clients {
+		ucs[i] = c
+	}
+	d, err := newDriver(ucs, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return dlock.New(d, &d.defaults)
 }
 
-func newLocker(clients []goredis.UniversalClient, opts *Options, ownsClients bool) (dlock.Locker, error) {
+func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients bool) (*driver, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -266,13 +283,18 @@ func newLocker(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 		nodeTimeout: o.NodeTimeout,
 		drift:       o.Drift,
 		ownsClients: ownsClients,
+		defaults:    o.Defaults,
 	}
 	if d.prefix == "" && !d.compat {
 		d.prefix = DefaultKeyPrefix
 	}
 	for i, c := range clients {
-		if c == nil {
+		if c == nil || reflect.ValueOf(c).IsNil() {
 			return nil, invalid("client %d is nil", i)
+		}
+		switch c.(type) {
+		case *goredis.ClusterClient, *goredis.Ring:
+			return nil, invalid("client %d is a %T: each Redlock node must be a single server (*redis.Client)", i, c)
 		}
 		if slices.Index(clients, c) != i {
 			return nil, invalid("client %d is given twice", i)
@@ -281,7 +303,7 @@ func newLocker(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 		nd.hub = redishub.New(c, "redlock", nil)
 		d.nodes = append(d.nodes, nd)
 	}
-	return dlock.New(d, &o.Lock)
+	return d, nil
 }
 
 // nodeName names node i in errors: its index and, when known, its address.
@@ -304,6 +326,8 @@ type driver struct {
 	nodeTimeout time.Duration // zero: the default for the TTL
 	drift       time.Duration // zero: dlock's default
 	ownsClients bool
+	defaults    dlock.Options // New's Options.Defaults
+	addr        string        // the redacted URL, when opened from one
 
 	// bg counts the requests still running after the call that made them
 	// returned (a majority had decided): each is bounded by the node timeout.
@@ -390,7 +414,7 @@ type acqReply struct {
 // can. Requests still running then finish in the background; a node that
 // took the lock for an attempt that failed gives it back at once (waking
 // waiters only if the attempt was abandoned by its caller, not refused).
-func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	start := time.Now()
 	n, q := len(d.nodes), d.quorum
 	keys := d.keys(req.Name)
@@ -512,7 +536,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 			dlock.ErrNotAcquired, keys[0], time.Since(start).Round(time.Microsecond), req.TTL, drift)
 	}
 	won = true
-	return &dlock.Grant{
+	return &dlockdriver.Grant{
 		Handle: h,
 		Fence:  fence,
 		TTL:    time.Duration(px) * time.Millisecond,
@@ -521,7 +545,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Gran
 }
 
 // refused builds the error of an attempt that a majority can no longer
-// grant: a *dlock.BusyError when enough nodes are held by others, else an
+// grant: a *dlockdriver.BusyError when enough nodes are held by others, else an
 // ErrNoQuorum error carrying the nodes' errors.
 func (d *driver) refused(key string, start time.Time, busy []acqReply, errs []error) error {
 	n, q := len(d.nodes), d.quorum
@@ -543,15 +567,15 @@ func (d *driver) refused(key string, start time.Time, busy []acqReply, errs []er
 		slices.Sort(pttls)
 		slices.Reverse(pttls)
 		if pttls[q-1] < 0 {
-			return dlock.Busy(0) // keys without expiry: unknown
+			return dlockdriver.Busy(0) // keys without expiry: unknown
 		}
-		return dlock.Busy(time.Duration(pttls[q-1])*time.Millisecond + time.Millisecond)
+		return dlockdriver.Busy(time.Duration(pttls[q-1])*time.Millisecond + time.Millisecond)
 	}
 	// No holder in sight on a majority: contenders split the vote, or an
 	// attempt's keys are on their way out. Retry after a random delay of
 	// the order of an attempt, so that contenders do not meet again.
 	e := time.Since(start)
-	return dlock.Busy(e + rand.N(2*e+time.Millisecond))
+	return dlockdriver.Busy(e + rand.N(2*e+time.Millisecond))
 }
 
 // Watch subscribes to name's release channel on every node and returns once

@@ -185,7 +185,7 @@ func newClient(t testing.TB, addr string) *goredis.Client {
 }
 
 // newLocker returns a Locker on clients, closed at cleanup.
-func newLocker(t testing.TB, clients []goredis.UniversalClient, opts *redlock.Options) dlock.Locker {
+func newLocker(t testing.TB, clients []goredis.UniversalClient, opts *redlock.Options) *dlock.Locker {
 	t.Helper()
 	l, err := redlock.New(clients, opts)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 // restartSetup gives holder a a lease held on exactly a majority, nodes 0,
 // 1 and 2 (its paths to 3 and 4 are cut), and a contender b that reaches
 // every node.
-func restartSetup(t *testing.T, c *cluster, ttl time.Duration) (a, b dlock.Locker, pa proxies, la *dlock.Lease) {
+func restartSetup(t *testing.T, c *cluster, ttl time.Duration) (a, b *dlock.Locker, pa proxies, la *dlock.Lease) {
 	t.Helper()
 	ctx := testCtx(t)
 	ca, pa := c.proxied(t)

@@ -13,18 +13,19 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/urlparams"
+	dlockdriver "github.com/dlock/dlock/driver"
 	goredis "github.com/redis/go-redis/v9"
 )
 
 func init() {
-	dlock.Register("redlock", open)
-	dlock.Register("redlocks", open)
+	dlockdriver.Register("redlock", open)
+	dlockdriver.Register("redlocks", open)
 }
 
-// open is the dlock.OpenFunc for redlock:// and redlocks:// URLs.
-func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
-	nodes, opts, err := parseURL(u)
+// open is the dlockdriver.OpenFunc for redlock:// and redlocks:// URLs. The
+// clients connect lazily; dlock.Open calls the driver's Ping.
+func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
+	nodes, opts, err := ParseURL(u)
 	if err != nil {
 		return nil, err
 	}
@@ -32,22 +33,28 @@ func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
 	for i, o := range nodes {
 		clients[i] = goredis.NewClient(o) // connects lazily
 	}
-	l, err := newLocker(clients, opts, true)
+	d, err := newDriver(clients, opts, true)
 	if err != nil {
 		for _, c := range clients {
 			_ = c.Close()
 		}
 		return nil, err
 	}
-	// A majority must answer; a minority may be down at start.
-	errs := make([]error, len(clients))
+	d.addr = dlockdriver.RedactURL(u)
+	return d, nil
+}
+
+// Ping checks that a majority of the nodes answer, for dlock.Open; a
+// minority may be down at start.
+func (d *driver) Ping(ctx context.Context) error {
+	errs := make([]error, len(d.nodes))
 	var wg sync.WaitGroup
-	for i, c := range clients {
+	for i, nd := range d.nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.Ping(ctx).Err(); err != nil {
-				errs[i] = fmt.Errorf("%s: %w", nodes[i].Addr, urlparams.Redact(err, u))
+			if err := nd.c.Ping(ctx).Err(); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", nd.name, err)
 			}
 		}()
 	}
@@ -58,11 +65,10 @@ func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
 			failed++
 		}
 	}
-	if failed > len(clients)-(len(clients)/2+1) {
-		_ = l.Close(context.Background()) // closes the clients
-		return nil, fmt.Errorf("redlock: connecting to %s: %d of %d nodes failed: %w", dlock.Redact(u), failed, len(clients), errors.Join(errs...))
+	if failed > len(d.nodes)-d.quorum {
+		return fmt.Errorf("redlock: connecting to %s: %d of %d nodes failed: %w", d.addr, failed, len(d.nodes), errors.Join(errs...))
 	}
-	return l, nil
+	return nil
 }
 
 // Parameters this package takes out of a URL before go-redis sees it.
@@ -76,14 +82,14 @@ const (
 // defaultPort is the port of a host listed without one.
 const defaultPort = "6379"
 
-// parseURL turns a redlock:// or redlocks:// URL into go-redis options for
+// ParseURL turns a redlock:// or redlocks:// URL into go-redis options for
 // every node and the driver's options, without any network I/O. Every error
 // matches dlock.ErrInvalid and leaves the URL's password out.
 //
 // The TLS parameters are handled as the redis driver handles them for
 // rediss:// URLs (redis/url.go); the code is repeated here by design, so that
 // neither driver exports its URL internals.
-func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
+func ParseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	if u.Scheme != "redlock" && u.Scheme != "redlocks" {
 		return nil, nil, invalid("scheme %q is not redlock or redlocks", u.Scheme)
 	}
@@ -92,14 +98,14 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", urlparams.RedactText(err.Error(), u))
+		return nil, nil, invalid("malformed query: %v", dlockdriver.RedactText(err.Error(), u))
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := &Options{Lock: *lock}
-	p := urlparams.Params{Q: q, Driver: "redlock"}
+	opts := &Options{Defaults: *lock}
+	p := dlockdriver.Params{Q: q, Driver: "redlock"}
 	if v, ok := p.Take(paramPrefix); ok {
 		opts.KeyPrefix = v
 	}
@@ -165,7 +171,7 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 			if errors.As(err, &ue) {
 				err = ue.Err // url.Error quotes the whole URL
 			}
-			return nil, nil, invalid("%s", strings.TrimPrefix(urlparams.RedactText(err.Error(), u), "redis: "))
+			return nil, nil, invalid("%s", strings.TrimPrefix(dlockdriver.RedactText(err.Error(), u), "redis: "))
 		}
 		o.ContextTimeoutEnabled = true
 		// One dial per attempt: a node that refuses connections fails the

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/redlock"
 )
 
@@ -26,7 +27,7 @@ const secret = "s3cr3t-Pw0rd"
 
 // A URL sets every node's client options alike and the driver's options.
 func TestParseURL(t *testing.T) {
-	nodes, opts, err := redlock.ParseURL("redlock://user:" + secret + "@h1:7001,h2:7002,h3:7003/2" +
+	nodes, opts, err := redlock.ParseRawURL("redlock://user:" + secret + "@h1:7001,h2:7002,h3:7003/2" +
 		"?ttl=3s&node_timeout=50ms&drift=5ms&prefix=app:&compat=true&dial_timeout=2s&pool_size=7")
 	if err != nil {
 		t.Fatal(err)
@@ -46,12 +47,12 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("node %d: ContextTimeoutEnabled %v, DialerRetries %d, TLS %v; want true, 1, none", i, o.ContextTimeoutEnabled, o.DialerRetries, o.TLSConfig != nil)
 		}
 	}
-	want := redlock.Options{Lock: dlock.Options{TTL: 3 * time.Second}, KeyPrefix: "app:", Compat: true, NodeTimeout: 50 * time.Millisecond, Drift: 5 * time.Millisecond}
+	want := redlock.Options{Defaults: dlock.Options{TTL: 3 * time.Second}, KeyPrefix: "app:", Compat: true, NodeTimeout: 50 * time.Millisecond, Drift: 5 * time.Millisecond}
 	if *opts != want {
 		t.Errorf("options %+v, want %+v", *opts, want)
 	}
 
-	nodes, _, err = redlock.ParseURL("redlock://a,b,c")
+	nodes, _, err = redlock.ParseRawURL("redlock://a,b,c")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func TestParseURL(t *testing.T) {
 // the server name is each node's host unless tls_server_name says otherwise.
 func TestParseURLTLS(t *testing.T) {
 	ca, cert, key := writePKI(t)
-	nodes, _, err := redlock.ParseURL(fmt.Sprintf("redlocks://h1:1,h2:2,h3:3?tls_ca=%s&tls_cert=%s&tls_key=%s", ca, cert, key))
+	nodes, _, err := redlock.ParseRawURL(fmt.Sprintf("redlocks://h1:1,h2:2,h3:3?tls_ca=%s&tls_cert=%s&tls_key=%s", ca, cert, key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func TestParseURLTLS(t *testing.T) {
 	if nodes[0].TLSConfig == nodes[1].TLSConfig {
 		t.Error("nodes share one tls.Config")
 	}
-	nodes, _, err = redlock.ParseURL("redlocks://h1:1,h2:2,h3:3?tls_server_name=redis.test&tls_insecure_skip_verify=true")
+	nodes, _, err = redlock.ParseRawURL("redlocks://h1:1,h2:2,h3:3?tls_server_name=redis.test&tls_insecure_skip_verify=true")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestOpen(t *testing.T) {
 		}
 	}
 	a := c.addrs()
-	open := func(pw string, addrs ...string) (dlock.Locker, error) {
+	open := func(pw string, addrs ...string) (*dlock.Locker, error) {
 		return dlock.Open(ctx, fmt.Sprintf("redlock://%s:%s@%s?prefix=app:&ttl=3s&node_timeout=200ms", user, pw, strings.Join(addrs, ",")))
 	}
 
@@ -278,7 +279,7 @@ func TestOpen(t *testing.T) {
 
 func TestSchemesRegistered(t *testing.T) {
 	for _, s := range []string{"redlock", "redlocks"} {
-		if !slices.Contains(dlock.Schemes(), s) {
+		if !slices.Contains(dlockdriver.Schemes(), s) {
 			t.Errorf("scheme %q not registered", s)
 		}
 	}

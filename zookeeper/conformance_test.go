@@ -21,7 +21,7 @@ type harness struct {
 	root string
 }
 
-func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker, conformance.Faults) {
+func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	t.Helper()
 	p, err := faultnet.Listen(h.addr)
 	if err != nil {
@@ -30,7 +30,7 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (dlock.Locker,
 	t.Cleanup(func() { _ = p.Close() })
 	o := &zookeeper.Options{Root: h.root}
 	if defaults != nil {
-		o.Lock = *defaults
+		o.Defaults = *defaults
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

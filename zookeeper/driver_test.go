@@ -323,7 +323,7 @@ func TestResetStorm(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	ttl := 2 * time.Second
-	lockers := []dlock.Locker{connect(t, p.Addr(), withTTL(ttl)), connect(t, srv.Addr(), withTTL(ttl))}
+	lockers := []*dlock.Locker{connect(t, p.Addr(), withTTL(ttl)), connect(t, srv.Addr(), withTTL(ttl))}
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
 	name := "storm-" + randomHex(4)
 

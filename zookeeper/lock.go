@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/go-zookeeper/zk"
 )
 
@@ -25,18 +26,18 @@ type node struct {
 }
 
 // TryAcquire enqueues a node, and takes the lock if it is first; otherwise it
-// deletes the node again before it returns dlock.Busy.
-func (d *driver) TryAcquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+// deletes the node again before it returns dlockdriver.Busy.
+func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	return d.acquire(ctx, req, false)
 }
 
 // Acquire enqueues a node and waits, watching its predecessor, until it is
-// first (dlock.Waiter).
-func (d *driver) Acquire(ctx context.Context, req dlock.Request) (*dlock.Grant, error) {
+// first (dlockdriver.Waiter).
+func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	return d.acquire(ctx, req, true)
 }
 
-func (d *driver) acquire(ctx context.Context, req dlock.Request, wait bool) (*dlock.Grant, error) {
+func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool) (*dlockdriver.Grant, error) {
 	s, err := d.session(ctx, req.TTL)
 	if err != nil {
 		return nil, err
@@ -48,7 +49,7 @@ func (d *driver) acquire(ctx context.Context, req dlock.Request, wait bool) (*dl
 		var n node
 		n, err = d.create(ctx, s, parent, req.Token, []byte(req.Metadata))
 		if err == nil {
-			var g *dlock.Grant
+			var g *dlockdriver.Grant
 			g, err = d.queue(ctx, s, parent, n, req, wait, called)
 			if err == nil {
 				return g, nil // the lease keeps the session's count
@@ -213,7 +214,7 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 // of it; otherwise (after a wait, or reconnecting) from the listing that
 // found n first. Either is safe: every request on the session, sent at that
 // time or later, restarted its timeout on the server.
-func (d *driver) queue(ctx context.Context, s *session, parent string, n node, req dlock.Request, wait bool, called time.Time) (*dlock.Grant, error) {
+func (d *driver) queue(ctx context.Context, s *session, parent string, n node, req dlockdriver.Request, wait bool, called time.Time) (*dlockdriver.Grant, error) {
 	var b backoff
 	for {
 		sent := time.Now()
@@ -241,7 +242,7 @@ func (d *driver) queue(ctx context.Context, s *session, parent string, n node, r
 				return d.grant(s, n, req, sent), nil
 			case !wait:
 				d.leave(s, n, req.TTL)
-				return nil, dlock.Busy(0)
+				return nil, dlockdriver.Busy(0)
 			}
 			pred := parent + "/" + q[i-1].name
 			var watch <-chan zk.Event
@@ -347,7 +348,7 @@ func (d *driver) reapOnce(s *session, path, parent, guid string) error {
 
 // grant makes the lease's handle for n, first in the queue as of a listing
 // sent at sent (zero: the lease counts from the call).
-func (d *driver) grant(s *session, n node, req dlock.Request, sent time.Time) *dlock.Grant {
+func (d *driver) grant(s *session, n node, req dlockdriver.Request, sent time.Time) *dlockdriver.Grant {
 	ttl := req.TTL
 	if s.owned {
 		ttl = n.gen.timeout
@@ -364,7 +365,7 @@ func (d *driver) grant(s *session, n node, req dlock.Request, sent time.Time) *d
 	if !s.register(h, n.gen) {
 		h.gone(n.gen)
 	}
-	return &dlock.Grant{Handle: h, Fence: uint64(n.czxid), TTL: ttl, Lost: h.lost, Sent: sent}
+	return &dlockdriver.Grant{Handle: h, Fence: uint64(n.czxid), TTL: ttl, Lost: h.lost, Sent: sent}
 }
 
 type handleState int
@@ -383,7 +384,7 @@ type handle struct {
 	lost chan struct{} // closed when the node's session ends
 
 	mu     sync.Mutex
-	onLost func()   // called once lost is closed (dlock.LossNotifier)
+	onLost func()   // called once lost is closed (dlockdriver.LossNotifier)
 	s      *session // holds a count for the handle while held
 	gen    *generation
 	ttl    time.Duration
@@ -431,7 +432,7 @@ func (h *handle) gone(g *generation) {
 	s.unref()
 }
 
-// OnLost implements dlock.LossNotifier: f is called when the node's session
+// OnLost implements dlockdriver.LossNotifier: f is called when the node's session
 // ends (see gone), at once if it has already.
 func (h *handle) OnLost(f func()) {
 	h.mu.Lock()

@@ -18,7 +18,7 @@ import (
 )
 
 // connect returns a Locker on addr, closed at cleanup.
-func connect(t testing.TB, addr string, o *zookeeper.Options) dlock.Locker {
+func connect(t testing.TB, addr string, o *zookeeper.Options) *dlock.Locker {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -37,7 +37,7 @@ func connect(t testing.TB, addr string, o *zookeeper.Options) dlock.Locker {
 }
 
 func withTTL(ttl time.Duration) *zookeeper.Options {
-	return &zookeeper.Options{Lock: dlock.Options{TTL: ttl}}
+	return &zookeeper.Options{Defaults: dlock.Options{TTL: ttl}}
 }
 
 // result is the outcome of an Acquire run in the background.
@@ -46,7 +46,7 @@ type result struct {
 	err error
 }
 
-func acquireAsync(ctx context.Context, l dlock.Locker, name string) <-chan result {
+func acquireAsync(ctx context.Context, l *dlock.Locker, name string) <-chan result {
 	c := make(chan result, 1)
 	go func() {
 		ls, err := l.Acquire(ctx, name, nil)
@@ -180,7 +180,7 @@ func TestSessionKilled(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	var hs handshakes
-	holder := connect(t, p.Addr(), &zookeeper.Options{Lock: dlock.Options{TTL: ttl}, Dialer: hs.dial})
+	holder := connect(t, p.Addr(), &zookeeper.Options{Defaults: dlock.Options{TTL: ttl}, Dialer: hs.dial})
 	w1 := connect(t, srv.Addr(), withTTL(ttl))
 	w2 := connect(t, srv.Addr(), withTTL(ttl))
 	raw := rawConn(t, srv.Addr(), ttl)

@@ -8,29 +8,37 @@ import (
 	"strings"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/go-zookeeper/zk"
 )
 
 func init() {
-	dlock.Register("zk", open)
+	dlockdriver.Register("zk", open)
 }
 
-// open is the dlock.OpenFunc for zk:// URLs.
-func open(ctx context.Context, u *url.URL) (dlock.Locker, error) {
-	servers, opts, err := parseURL(u)
+// open is the dlockdriver.OpenFunc for zk:// URLs.
+// It connects at once: the shortest TTL the Locker accepts is the server's
+// minimum session timeout, which only a session can tell.
+func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
+	servers, opts, err := ParseURL(u)
 	if err != nil {
 		return nil, err
 	}
-	return Connect(ctx, servers, opts) // its errors name the servers, never the credentials
+	d, _, err := connect(ctx, servers, opts) // its errors name the servers, never the credentials
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // paramACL is the URL parameter for Options.ACL.
 const paramACL = "acl"
 
-// parseURL turns a zk:// URL into servers and Options, without network I/O.
+// ParseURL turns a zk:// URL into the servers and Options for Connect,
+// without network I/O.
 // Every error matches dlock.ErrInvalid and leaves the password, and ACL
 // entries (which may hold digests of passwords), out.
-func parseURL(u *url.URL) ([]string, *Options, error) {
+func ParseURL(u *url.URL) ([]string, *Options, error) {
 	if u.Scheme != "zk" {
 		return nil, nil, invalid("scheme %q is not zk", u.Scheme)
 	}
@@ -45,7 +53,7 @@ func parseURL(u *url.URL) ([]string, *Options, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := &Options{Lock: *lock}
+	opts := &Options{Defaults: *lock}
 	if vals, ok := q[paramACL]; ok {
 		delete(q, paramACL)
 		if len(vals) != 1 {
@@ -55,7 +63,7 @@ func parseURL(u *url.URL) ([]string, *Options, error) {
 			return nil, nil, err
 		}
 	}
-	if err := dlock.RejectUnknown(q); err != nil {
+	if err := dlockdriver.RejectUnknown(q); err != nil {
 		return nil, nil, err
 	}
 

@@ -13,7 +13,7 @@ import (
 )
 
 // open opens a URL, closed at cleanup.
-func open(t *testing.T, rawURL string) dlock.Locker {
+func open(t *testing.T, rawURL string) *dlock.Locker {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -127,11 +127,11 @@ import (
 
 // Options configure a Locker. A nil *Options means all defaults.
 type Options struct {
-	// Lock holds the Locker's default lock options (URL: ttl, refresh,
+	// Defaults are the Locker's default lock options (URL: ttl, refresh,
 	// refresh_interval, retry_min, retry_max, metadata). Zero fields mean the
 	// defaults documented on dlock.Options, except that New defaults the TTL
 	// to SessionTimeout.
-	Lock dlock.Options
+	Defaults dlock.Options
 
 	// Root is the znode under which lock nodes live (URL: the path).
 	// Default DefaultRoot.
@@ -176,19 +176,34 @@ const probeTimeout = 100 * time.Millisecond
 // bounds connecting: Connect opens one short session to check the servers
 // and credentials and to learn the server's minimum session timeout. Close
 // the Locker to close every session.
-func Connect(ctx context.Context, servers []string, opts *Options) (dlock.Locker, error) {
+func Connect(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, error) {
+	d, o, err := connect(ctx, servers, opts)
+	if err != nil {
+		return nil, err
+	}
+	l, err := dlock.New(d, &o.Defaults)
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// connect is Connect without the Locker: the driver and its resolved
+// Options.
+func connect(ctx context.Context, servers []string, opts *Options) (*driver, Options, error) {
 	if len(servers) == 0 {
-		return nil, invalid("no servers")
+		return nil, Options{}, invalid("no servers")
 	}
 	srvs := zk.FormatServers(servers)
 	for _, s := range srvs {
 		if host, port, err := net.SplitHostPort(s); err != nil || host == "" || port == "" {
-			return nil, invalid("server %q is not host:port", s)
+			return nil, Options{}, invalid("server %q is not host:port", s)
 		}
 	}
 	d, o, err := newDriver(opts)
 	if err != nil {
-		return nil, err
+		return nil, o, err
 	}
 	d.servers = srvs
 	d.dialer = o.Dialer
@@ -200,23 +215,18 @@ func Connect(ctx context.Context, servers []string, opts *Options) (dlock.Locker
 	minTTL, err := d.probe(ctx)
 	if err != nil {
 		_ = d.Close()
-		return nil, fmt.Errorf("zookeeper: connecting to %s: %w", strings.Join(srvs, ","), err)
+		return nil, Options{}, fmt.Errorf("zookeeper: connecting to %s: %w", strings.Join(srvs, ","), err)
 	}
 	d.caps.MinTTL = minTTL
 	d.caps.ExpirySlack = minTTL
-	l, err := dlock.New(d, &o.Lock)
-	if err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	return l, nil
+	return d, o, nil
 }
 
 // New returns a Locker that keeps its lock nodes in the session of the
 // application's connection. opts.SessionTimeout must be that session's
 // timeout. Closing the Locker does not close conn; the lock nodes of leases
 // still held are deleted by Close.
-func New(conn *zk.Conn, opts *Options) (dlock.Locker, error) {
+func New(conn *zk.Conn, opts *Options) (*dlock.Locker, error) {
 	if conn == nil {
 		return nil, invalid("nil connection")
 	}
@@ -230,8 +240,8 @@ func New(conn *zk.Conn, opts *Options) (dlock.Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.Lock.TTL == 0 {
-		o.Lock.TTL = o.SessionTimeout
+	if o.Defaults.TTL == 0 {
+		o.Defaults.TTL = o.SessionTimeout
 	}
 	s := &session{d: d, conn: conn, ready: make(chan struct{}), ended: map[int64]struct{}{}, timeout: o.SessionTimeout}
 	close(s.ready)
@@ -239,7 +249,7 @@ func New(conn *zk.Conn, opts *Options) (dlock.Locker, error) {
 	d.shared = s
 	d.caps.MinTTL = 10 * time.Millisecond
 	d.caps.ExpirySlack = o.SessionTimeout
-	l, err := dlock.New(d, &o.Lock)
+	l, err := dlock.New(d, &o.Defaults)
 	if err != nil {
 		_ = d.Close()
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/bench"
 	"github.com/dlock/dlock/internal/servers"
 )
@@ -252,12 +253,12 @@ func newTarget(b backend, raw string) (bench.Target, error) {
 	}
 	floor, err := b.floor(u)
 	if err != nil {
-		return bench.Target{}, fmt.Errorf("%s: %w (URL %s)", b.name, err, dlock.Redact(u))
+		return bench.Target{}, fmt.Errorf("%s: %w (URL %s)", b.name, err, driver.RedactURL(u))
 	}
 	return bench.Target{
 		Backend: b.name,
-		URL:     dlock.Redact(u),
-		Open:    func(ctx context.Context) (dlock.Locker, error) { return dlock.Open(ctx, raw) },
+		URL:     driver.RedactURL(u),
+		Open:    func(ctx context.Context) (*dlock.Locker, error) { return dlock.Open(ctx, raw) },
 		Floor:   floor,
 	}, nil
 }
@@ -285,7 +286,7 @@ func parseURL(raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("malformed URL: %v", err)
 	}
 	if u.Scheme == "" {
-		return nil, fmt.Errorf("URL %s has no scheme", dlock.Redact(u))
+		return nil, fmt.Errorf("URL %s has no scheme", driver.RedactURL(u))
 	}
 	return u, nil
 }

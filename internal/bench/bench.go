@@ -110,7 +110,7 @@ type Target struct {
 	// URL is shown in the report; it must already be redacted (dlock.Redact).
 	URL string
 	// Open returns a new, independent Locker on the backend at each call.
-	Open func(ctx context.Context) (dlock.Locker, error)
+	Open func(ctx context.Context) (*dlock.Locker, error)
 	// Floor opens a new, independent raw client at each call.
 	Floor FloorOpener
 }

@@ -282,7 +282,7 @@ func memoryTarget() Target {
 	store := memory.NewStore()
 	return Target{
 		Backend: "memory", URL: "mem://test",
-		Open:  func(context.Context) (dlock.Locker, error) { return memory.New(store, nil) },
+		Open:  func(context.Context) (*dlock.Locker, error) { return memory.New(store, nil) },
 		Floor: MemoryFloors(),
 	}
 }
@@ -398,7 +398,7 @@ func TestRunReportsFailures(t *testing.T) {
 	broken := errors.New("no server")
 	targets := []Target{{
 		Backend: "broken", URL: "x://",
-		Open:  func(context.Context) (dlock.Locker, error) { return nil, broken },
+		Open:  func(context.Context) (*dlock.Locker, error) { return nil, broken },
 		Floor: func(context.Context) (Floor, error) { return lyingFloor{}, nil },
 	}}
 	rep, err := Run(ctx, cfg, targets)

@@ -27,7 +27,7 @@ func EtcdFloors(u *url.URL) (FloorOpener, error) {
 	if u == nil || (u.Scheme != "etcd" && u.Scheme != "etcds") {
 		return nil, errors.New("bench: the etcd floor needs an etcd:// or etcds:// URL")
 	}
-	cfg, opts, err := etcd.ParseURL(u.String())
+	cfg, opts, err := etcd.ParseURL(u)
 	if err != nil {
 		return nil, err
 	}

@@ -29,7 +29,7 @@ type held struct {
 
 // dlockSession is a dlock.Locker, taking every lock with the same options.
 type dlockSession struct {
-	l    dlock.Locker
+	l    *dlock.Locker
 	opts *dlock.Options
 }
 

@@ -1,4 +1,4 @@
-package urlparams_test
+package driver_test
 
 import (
 	"crypto/tls"
@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/testpki"
-	"github.com/dlock/dlock/internal/urlparams"
 )
 
 func TestTLS(t *testing.T) {
@@ -18,7 +18,7 @@ func TestTLS(t *testing.T) {
 		"tls_ca": {pki.CA}, "tls_cert": {pki.ClientCert}, "tls_key": {pki.ClientKey},
 		"tls_server_name": {"x.test"}, "tls_insecure_skip_verify": {"true"},
 	}
-	p := urlparams.Params{Q: q, Driver: "test"}
+	p := driver.Params{Q: q, Driver: "test"}
 	tp := p.TakeTLS()
 	if p.Err != nil || !p.TLS || len(q) != 0 {
 		t.Fatalf("TakeTLS: Err %v, TLS %v, left %v; want nil, true, nothing", p.Err, p.TLS, q)
@@ -43,13 +43,13 @@ func TestTLS(t *testing.T) {
 		{"tls_insecure_skip_verify": {"maybe"}},          // not a boolean
 		{"tls_ca": {pki.CA}, "tls_key": {pki.ClientKey}}, // no cert
 	} {
-		p := urlparams.Params{Q: bad, Driver: "test"}
+		p := driver.Params{Q: bad, Driver: "test"}
 		p.TakeTLS()
 		if !errors.Is(p.Err, dlock.ErrInvalid) {
 			t.Errorf("TakeTLS(%v): Err %v, want ErrInvalid", bad, p.Err)
 		}
 	}
-	for _, tp := range []urlparams.TLS{
+	for _, tp := range []driver.TLS{
 		{CA: filepath.Join(t.TempDir(), "missing.pem")},
 		{CA: pki.ClientKey},                        // a key, no certificate
 		{Cert: pki.ClientCert, Key: pki.ServerKey}, // not a pair

@@ -1,12 +1,10 @@
-package urlparams
+package driver
 
 import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"os"
-
-	"github.com/dlock/dlock"
 )
 
 // The TLS parameters of the drivers' secure schemes (rediss, redlocks, etcds).
@@ -42,7 +40,7 @@ func (p *Params) TakeTLS() TLS {
 
 // Apply loads the files into cfg (RootCAs, Certificates) and sets its
 // ServerName and InsecureSkipVerify when the URL gave them, leaving the
-// rest of cfg as it was. Errors match dlock.ErrInvalid.
+// rest of cfg as it was. Errors match ErrInvalid.
 func (t TLS) Apply(cfg *tls.Config) error {
 	if t.CA != "" {
 		pem, err := os.ReadFile(t.CA)
@@ -74,5 +72,5 @@ func (t TLS) Apply(cfg *tls.Config) error {
 func (p *Params) invalid(format string, args ...any) error { return invalid(p.Driver, format, args...) }
 
 func invalid(driver, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", dlock.ErrInvalid, driver, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s: %s", ErrInvalid, driver, fmt.Sprintf(format, args...))
 }

@@ -1,4 +1,4 @@
-package urlparams_test
+package driver_test
 
 import (
 	"errors"
@@ -9,14 +9,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/urlparams"
+	"github.com/dlock/dlock/driver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestTake(t *testing.T) {
 	q, _ := url.ParseQuery("a=1&b=2&b=3&tls_ca=x&left=over")
-	p := urlparams.Params{Q: q, Driver: "test"}
+	p := driver.Params{Q: q, Driver: "test"}
 	if v, ok := p.Take("a"); !ok || v != "1" {
 		t.Errorf("Take(a) = %q, %v; want 1, true", v, ok)
 	}
@@ -50,25 +50,25 @@ func TestRedact(t *testing.T) {
 	}
 	pw, _ := u.User.Password() // p@ss/w+rd
 	for _, s := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), "p%40ss%2Fw+rd"} {
-		if got := urlparams.RedactText("dial "+s+" failed", u); strings.Contains(got, s) {
+		if got := driver.RedactText("dial "+s+" failed", u); strings.Contains(got, s) {
 			t.Errorf("RedactText left %q in %q", s, got)
 		}
 	}
 	plain := errors.New("no secret here")
-	if got := urlparams.Redact(plain, u); got != plain {
+	if got := driver.RedactError(plain, u); got != plain {
 		t.Errorf("Redact changed an error without the password: %v", got)
 	}
-	if got := urlparams.Redact(errors.New("auth p@ss/w+rd refused"), u); strings.Contains(got.Error(), pw) {
+	if got := driver.RedactError(errors.New("auth p@ss/w+rd refused"), u); strings.Contains(got.Error(), pw) {
 		t.Errorf("Redact kept the password: %v", got)
 	}
-	if got := urlparams.RedactText("x", &url.URL{Host: "h"}); got != "x" {
+	if got := driver.RedactText("x", &url.URL{Host: "h"}); got != "x" {
 		t.Errorf("RedactText without userinfo = %q, want x", got)
 	}
 }
 
 func TestTakeBool(t *testing.T) {
 	q, _ := url.ParseQuery("a=true&b=0&c=maybe")
-	p := urlparams.Params{Q: q, Driver: "test"}
+	p := driver.Params{Q: q, Driver: "test"}
 	if v, ok := p.TakeBool("a"); !v || !ok {
 		t.Errorf("TakeBool(a=true) = %v, %v", v, ok)
 	}
