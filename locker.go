@@ -1,15 +1,3 @@
-// Package dlock is one lock interface over several distributed-lock backends.
-//
-// Applications hold a Locker, opened from a URL with Open or built by a
-// driver's constructor from a client they already own, and get a *Lease for
-// each lock they take. A lease is exclusive while it is valid (until
-// ValidUntil); its loss is always reported through Done, Err and Context,
-// never only logged; it carries a fencing token where the backend can make
-// one; and Release never removes someone else's lock.
-//
-// Drivers (redis, redlock, etcd, zookeeper, postgres, memory) implement the
-// backend primitives of Driver; the waiting loop, the refresh watchdog,
-// validity deadlines, input validation and context handling live once, here.
 package dlock
 
 import (

@@ -37,10 +37,17 @@ type Options struct {
 	// Default TTL/3.
 	RefreshInterval time.Duration
 
-	// RetryMin and RetryMax bound the jittered, doubling delay between
-	// attempts for drivers that must poll, and between retries after backend
-	// errors while waiting (URL: retry_min=10ms, retry_max=1s). Defaults 10ms
-	// and 1s.
+	// RetryMin and RetryMax bound a delay that starts at RetryMin, doubles
+	// after every failure up to RetryMax, and is stretched by up to a quarter
+	// at random (URL: retry_min=10ms, retry_max=1s; defaults 10ms and 1s). It
+	// is the delay between a lease's refresh attempts after a failed refresh,
+	// and between the attempts of an Acquire on a driver that polls (redis
+	// compat layout, redlock, memory), shortened to the holder's remaining
+	// TTL when the driver reports it. Where the backend announces releases
+	// (NotifiedWait), an Acquire waits for the announcement and polls only
+	// when the holder's lock would expire, or after RetryMax when that is
+	// unknown. Drivers whose servers queue waiters (etcd, zookeeper,
+	// postgres, redis) do not use them for waiting.
 	RetryMin, RetryMax time.Duration
 
 	// Metadata is stored with the lock where the backend can, for

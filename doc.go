@@ -1,0 +1,78 @@
+// Package dlock is one distributed-lock API over Redis, Redlock (several
+// independent Redis masters), etcd, ZooKeeper and PostgreSQL, chosen by a URL.
+//
+// # Open a Locker
+//
+// Link the driver in with a blank import and open a URL:
+//
+//	import _ "github.com/dlock/dlock/redis"
+//
+//	locker, err := dlock.Open(ctx, "redis://127.0.0.1:6379/0?ttl=10s")
+//	if err != nil { … }
+//	defer locker.Close(ctx) // releases whatever is still held
+//
+// Or build one on a client the application already has, with the driver's
+// New: redis.New(client, opts), etcd.New(client, opts), zookeeper.New(conn,
+// opts), postgres.New(pool, opts), redlock.New(clients, opts). A Locker is
+// safe for concurrent use; one per process and backend is the usual shape.
+//
+// # Take a lock
+//
+//	lease, err := locker.Acquire(ctx, "nightly-report", nil) // waits; TryAcquire tries once
+//	if err != nil { … }        // errors.Is(err, dlock.ErrNotAcquired) when ctx ended first
+//	defer lease.Release(ctx)   // removes only this lease's lock
+//
+// Acquire waits until the lock is granted or ctx ends; TryAcquire makes one
+// attempt and returns an error matching ErrNotAcquired when someone else
+// holds the lock. Options (nil for the Locker's defaults) set the TTL, the
+// refresh watchdog and the retry delays of drivers that poll.
+//
+// # Fence what you protect
+//
+// A lease is exclusive while it is valid, until ValidUntil. No lock with a
+// TTL can stop a holder that pauses (GC, SIGSTOP, a VM migration) past its
+// ValidUntil from waking up and writing: pass lease.Fence() with every write,
+// and let the storage refuse a token lower than the highest it has seen.
+// Capabilities().Fencing says whether the backend makes tokens.
+//
+// # Hear about loss
+//
+// The watchdog refreshes the lock every TTL/3. When the lock is lost —
+// expired, taken over, its session or connection gone, or not refreshed
+// before ValidUntil — the lease says so: Done is closed, Err matches ErrLost
+// and Context is cancelled. Run the work under lease.Context(). Loss is
+// always reported this way, never only logged.
+//
+// # Do
+//
+// Do wraps the whole pattern: acquire, run fn with the lease and a context
+// that ends if the lease is lost, release:
+//
+//	err := dlock.Do(ctx, locker, "migrate", nil, func(ctx context.Context, lease *dlock.Lease) error {
+//		fence, _ := lease.Fence()
+//		return migrate(ctx, fence)
+//	})
+//
+// # Errors
+//
+// Match with errors.Is: ErrNotAcquired (busy, or the wait ended), ErrNotHeld
+// (ErrLost, ErrReleased), ErrClosed, ErrInvalid (bad input, reported before
+// any I/O). Credentials from URLs never appear in errors.
+//
+// # Choosing a backend
+//
+//   - redis: the fastest; one node decides, so a failover to an
+//     asynchronously replicated replica can lose a lock (use the fence).
+//   - redlock: several independent Redis masters, no single point of
+//     failure, under Redlock's timing assumptions.
+//   - etcd: quorum-replicated locks that survive a member failure; FIFO.
+//   - zookeeper: ephemeral nodes, FIFO, losses reported as soon as a session
+//     expires.
+//   - postgres: advisory locks on the database you protect; FIFO, visible
+//     and breakable from psql.
+//   - memory (mem://): tests of code that uses locks, in one process.
+//
+// Each driver's package doc states its URL, guarantees and layout. Driver
+// authors start at package github.com/dlock/dlock/driver and prove their
+// driver with package github.com/dlock/dlock/conformance.
+package dlock
