@@ -1,0 +1,160 @@
+// Package etcd is the dlock driver for etcd v3: locks that survive a member
+// failure and a leader change, granted in FIFO order and fenced by the lock
+// key's create revision.
+//
+//	import _ "github.com/dlock/dlock/etcd"
+//
+//	locker, err := dlock.Open(ctx, "etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/locks/?ttl=10s")
+//
+// or, on the application's *clientv3.Client:
+//
+//	locker, err := etcd.New(client, &etcd.Options{KeyPrefix: "/locks/"})
+//
+// Guarantees in brief:
+//   - Exclusive while valid: lock keys are committed on a Raft quorum and
+//     survive a minority of members down, a leader change and a restart.
+//   - Fencing: the lock key's create revision, strictly increasing per name.
+//   - FIFO: each waiter watches only its predecessor's key (no herd).
+//   - A holder cut off from the quorum reports the loss at ValidUntil; a dead
+//     holder's key lingers up to about half a second past it.
+//   - TTLs are whole seconds, at least 1s, raised by etcd to its minimum (2s
+//     by default): Lease.TTL reports the TTL granted.
+//
+// dlock's locks and concurrency.Mutex / `etcdctl lock` on the same prefix
+// exclude each other (see MutexName). The sections below are the details.
+//
+// # URLs
+//
+//	etcd://[user:pass@]host1:2379[,host2:2379,…][/prefix][?params]
+//	etcds://[user:pass@]host1:2379[,…][/prefix]?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem
+//
+// The hosts are the client endpoints (port 2379 when left out; an IPv6
+// address in brackets only as the single host, as URLs allow); etcds dials
+// them with TLS. The path, when there is one, is the key prefix, verbatim
+// (etcd://h:2379/locks/ gives "/locks/"); without one it is "dlock/".
+// User and password turn on etcd authentication. ParseURL gives the client
+// configuration a URL stands for, for a client or a concurrency.Session of
+// one's own.
+//
+// Parameters:
+//
+//   - The lock options of dlock.Options: ttl, refresh, refresh_interval,
+//     retry_min, retry_max, metadata (see dlock.OptionsFromQuery).
+//   - dial_timeout (default 5s): bounds connecting and authenticating, at
+//     Open and when reconnecting; Open's ctx bounds Open too.
+//   - dial_keep_alive_time, dial_keep_alive_timeout (default off): gRPC
+//     keepalive pings, which find a silently dead endpoint and move to
+//     another. etcd refuses pings more often than every 5s by default.
+//   - auto_sync_interval (default off): refresh the endpoint list from the
+//     cluster's member list. Off, the client talks only to the URL's hosts.
+//   - etcds only: tls_ca (PEM file of CA certificates to trust instead of the
+//     system's), tls_cert and tls_key (PEM files of a client certificate and
+//     its key, both or neither), tls_server_name (the name to verify the
+//     server's certificate against; default each endpoint's host),
+//     tls_insecure_skip_verify=true (no verification: tests only).
+//
+// Unknown parameters are rejected. Open makes one read under the prefix,
+// bounded by its ctx, so a wrong address, credential or permission fails
+// there; the Locker then owns the client it made (its logger discards
+// everything) and closes it on Close.
+//
+// With authentication, the user needs read and write permission on the
+// prefix; revoking the etcd leases of cancelled attempts needs it too.
+//
+// # Guarantees
+//
+// etcd is a Raft-replicated store: a lock key is committed on a quorum
+// before anyone is granted, and survives the loss of a minority of members,
+// a leader change and a restart (Capabilities.SurvivesRestart). While a
+// lease is valid (until its ValidUntil) nobody else holds its name.
+//
+// Each lease is a key bound to an etcd lease of its own (never shared with
+// another lock, so an etcd lease's expiry is exactly one lock's loss; and,
+// unlike concurrency.Mutex on one session, two leases of one Locker on one
+// name exclude each other). A released lease's etcd lease is kept by the
+// Locker (up to 16 per TTL) for its next acquisitions, so that an
+// uncontended acquire and a release cost one transaction each; Close
+// revokes them. The
+// etcd lease's TTL is in whole seconds: a TTL is rounded up, and etcd raises
+// TTLs below its minimum (1.5 × the election timeout, rounded up: 2s with
+// the default configuration). The TTL granted is read back and reported by
+// Lease.TTL, and ValidUntil counts from when the request that set the etcd
+// lease's expiry was sent (its grant or last keepalive), minus the drift
+// margin. Capabilities.MinTTL is 1s.
+//
+// The watchdog renews the etcd lease (KeepAliveOnce) and, in parallel, reads
+// the key to check that it still exists with this lease's create revision
+// and etcd lease: a refresh that finds the etcd lease gone, or the key
+// deleted or replaced, reports the loss at once (within a third of the TTL
+// of the deletion, with the default refresh interval); one that keeps
+// failing reports it at ValidUntil. Release and Refresh are transactions comparing the key's
+// create revision, so a retried release can never delete a newer holder's
+// key, and a lost lock is never re-created: Release of a lost lease reports
+// ErrNotHeld. A Refresh to a longer TTL moves the key to a new etcd lease in
+// one such transaction; a Refresh to a shorter TTL keeps the current etcd
+// lease and reports its longer TTL.
+//
+// Acquisition is a FIFO queue (Capabilities.FIFO): the holder is the key
+// with the lowest create revision under the name. TryAcquire is one
+// transaction that creates the key only if there is no key under the name at
+// all, so it never jumps the queue. A waiter puts its key and, in the same
+// round trip, reads its immediate predecessor; it watches only that key's
+// deletion (no herd, no polling) and keeps its own etcd lease alive while it
+// waits. When the predecessor it watches was the holder, its deletion is the
+// grant, with no further round trip. A waiter whose ctx ends, or whose etcd
+// lease expires (it is then not granted, and returns an error matching
+// dlock.ErrNotAcquired), deletes its key before Acquire returns. A watch
+// broken by a compaction, a lost leader or a reconnection is re-established
+// from a fresh read, so no stale waiter is left behind.
+//
+// Fencing: Lease.Fence is the lock key's create revision, which strictly
+// increases with every grant of the name (never the etcd lease ID).
+//
+// Expiry: etcd revokes expired etcd leases in a loop that runs every 500ms,
+// so the key of a holder that died lingers up to about half a second past
+// its ValidUntil (Capabilities.ExpirySlack is 1s). A new leader restarts
+// every etcd lease's countdown at its full TTL (plus an election timeout)
+// when it takes over, so after a leader change a dead holder's lock may last
+// up to one more TTL. Neither delays the loss signal of a holder that is
+// alive, which comes no later than ValidUntil.
+//
+// Faults: a leader failover while a lease is held keeps it (same key, same
+// fence) as long as a keepalive gets through before ValidUntil, which a
+// failover well within the TTL allows. A holder cut off from the quorum
+// (partitioned, or the quorum lost) cannot renew and reports the loss at
+// ValidUntil; while there is no quorum nobody can be granted anything. The
+// etcd lease is as safe as etcd's lessor: a leader stalled for longer than
+// the TTL (a slow disk) may revoke leases whose keepalives it did not get
+// to (etcd issue 15247).
+//
+// Process pauses: a holder paused past its ValidUntil may resume believing it
+// holds a lock that expired and was taken; pass Lease.Fence to the protected
+// resource so that it can refuse the stale holder's writes.
+//
+// An attempt cut short by its ctx after its request went out may still have
+// created its key; the Locker then revokes that attempt's etcd lease, which
+// deletes the key.
+//
+// # Layout
+//
+// With P the key prefix (default "dlock/") and N the lock name with every
+// "%" written "%25" and every "/" written "%2F" (so that names never nest):
+//
+//	P N/<token>     one key per lease and per waiter, value Options.Metadata,
+//	                bound to an etcd lease of its own; <token> is the
+//	                lease's 32-hex-digit token (Lease.Token)
+//
+// The holder is the key with the lowest create revision under "P N/". This
+// is the layout of go.etcd.io/etcd/client/v3/concurrency.Mutex and of
+// `etcdctl lock`, whose keys are "<name>/<lease ID in hex>": a dlock lock on
+// N excludes concurrency.NewMutex(session, P+N) and `etcdctl lock P+N`, and
+// they exclude it, in one FIFO queue (MutexName computes P+N). Their keys
+// are told apart from dlock's by length. Nothing else is stored, and nothing
+// stays behind once a name's locks and waiters are gone (the fencing token
+// needs no counter: revisions only grow).
+//
+// Deleting these keys by hand breaks the lock like deleting any lock's
+// state: a holder whose key is deleted learns it at its next refresh and
+// reports the loss; so does a waiter granted after its key was deleted
+// while it waited (a waiter watches its predecessor's key, not its own).
+package etcd

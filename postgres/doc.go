@@ -1,0 +1,220 @@
+// Package postgres is the dlock driver for PostgreSQL 14 or later, built on
+// github.com/jackc/pgx/v5: session advisory locks, queued (FIFO) and expired
+// by the server, with durable fencing tokens — on the database whose data
+// they protect.
+//
+//	import _ "github.com/dlock/dlock/postgres"
+//
+//	locker, err := dlock.Open(ctx, "postgres://app:secret@db:5432/app?sslmode=verify-full&ttl=10s")
+//
+// or, on the application's *pgxpool.Pool (a lease, and a waiting Acquire,
+// each hold one of its connections):
+//
+//	locker, err := postgres.New(pool, nil)
+//
+// Guarantees in brief:
+//   - Exclusive while the holder's session lives: the server holds the lock
+//     (pg_advisory_lock) and frees it when the session ends, for whatever
+//     reason — the lease then reports the loss, within milliseconds when the
+//     connection says so.
+//   - Expiry by the server: the session's idle_session_timeout is the TTL.
+//   - Fencing: nextval of a sequence after the grant, never reissued after a
+//     crash.
+//   - FIFO: the server's own lock queue; no polling.
+//   - Operators see and break locks from psql (see Layout). Not behind a
+//     transaction pooler (detected and refused).
+//
+// The sections below are the details.
+//
+// # URLs
+//
+//	postgres://user:pass@host:port/database[?params]
+//	postgresql://user:pass@host:port/database[?params]
+//
+// Parameters:
+//
+//   - The lock options of dlock.Options: ttl, refresh, refresh_interval,
+//     retry_min, retry_max, metadata (see dlock.OptionsFromQuery).
+//   - prefix=app/ sets Options.KeyPrefix; fencing=false sets
+//     Options.NoFencing; fence_schema=locks sets Options.FenceSchema;
+//     session_pooler=true sets Options.SessionPooler.
+//   - Everything pgxpool.ParseConfig accepts, in libpq form: sslmode,
+//     sslrootcert, sslcert, sslkey, connect_timeout, application_name,
+//     pool_max_conns, pool_min_conns, …; any other parameter is sent to the
+//     server as a run-time setting (search_path=…, tcp_keepalives_idle=…),
+//     so a misspelt one is rejected by the server when Open connects.
+//     Environment variables (PGHOST, PGPASSWORD, PGSSLMODE, …) and the
+//     password file apply as they do for libpq.
+//
+// Open connects (bounded by its ctx) so that a wrong address or credential
+// fails there, and the Locker owns the pool it made: pool_max_conns defaults
+// to 32 rather than pgx's 4, since every lease and every waiting Acquire
+// occupies one connection. Passwords never appear in errors.
+//
+// New takes an application's *pgxpool.Pool instead, and NewFromConfig a
+// *pgxpool.Config. A lease, or a waiting Acquire, takes a connection out of
+// the pool for its whole life, so size MaxConns for the leases and waits a
+// process holds at once on top of its other queries.
+//
+// # Guarantees
+//
+// A lock is a session-level advisory lock, pg_advisory_lock on the key of its
+// name (see Layout), held by a connection that is the lease's alone: taken
+// out of the pool at the acquisition and put back only after a release that
+// the server confirmed (pg_advisory_unlock returned true) and that restored
+// the session's settings. The server decides: a lease is exclusive while the
+// session that took the lock lives, and the session's end, for whatever
+// reason, frees the lock. So a lease can end before its ValidUntil
+// (Capabilities.ConnectionBound): a connection reset, pg_terminate_backend or
+// a server restart end the session, and the lock, at once. The lease reports
+// the loss as soon as the driver learns it: within milliseconds when the
+// connection says so (a reset, the server's FATAL message; see below), at the
+// next refresh otherwise; another holder may get the lock in between, so
+// protect the resource with Lease.Fence.
+//
+// Expiry is the server's: advisory locks have no TTL, so the lease's session
+// gets idle_session_timeout = TTL, and the server ends a session that runs no
+// statement for that long. Every refresh is a statement on that session
+// (which restarts the idle timer), so a holder that stops refreshing, or
+// whose process or network vanished, loses its session, and the lock,
+// between TTL and TTL + one network round trip after the last statement the
+// server received: the holder's ValidUntil (counted from when that
+// statement was sent, minus the drift margin) always comes first.
+// Capabilities.ExpirySlack (100ms) covers the round trip and the server
+// ending the session. As with any TTL lock, a refresh that reached the server
+// but whose answer never came back extends the lock there without the holder
+// knowing (the server may then keep it up to one TTL past ValidUntil). A
+// server whose wall clock is stepped forward ends sessions early (PostgreSQL
+// times idle_session_timeout on it). Lease.Held reads pg_locks for the
+// lease's session and key; since running it restarts the idle timer, it first
+// sets idle_session_timeout to the time the lease has left, so that asking
+// does not extend the lock.
+//
+// The lease's connection is watched while idle: when the server ends the
+// session (pg_terminate_backend, idle timeout, shutdown, restart) the lease
+// reports loss within milliseconds, not only at its next refresh. Any failure
+// that ends the connection (a dropped connection, a FATAL error, a statement
+// that the server would not cancel) ends the lease as lost, and the
+// connection is closed, never returned to the pool. A statement error that
+// leaves the session alone (a cancelled statement, an SQL error) does not.
+//
+// Contexts: TryAcquire and Release close the connection when their ctx ends
+// mid-statement (pgx does, for a statement; the driver, for a fast-path
+// release); for an attempt that makes sure
+// nothing is left (the session, and any lock it took, ends), and a release
+// cut short that way reports the lease lost (the lock goes with the session).
+// Refresh and Held must not drop a lock because their ctx ended: when it ends
+// mid-statement they send the server a cancel request and wait for the
+// connection to come back (a cancelled statement leaves the session and its
+// lock alone); only if the server does not answer within a second is the
+// connection closed, and the lease reported lost.
+//
+// Waiting is the server's: Acquire blocks in pg_advisory_lock, so waiters
+// are granted in the order they queued (Capabilities.FIFO, NotifiedWait) and
+// a release hands the lock to the next waiter without any polling. A wait cut
+// short by its ctx is cancelled on the server with a cancel request (its
+// backend leaves the lock queue); its connection is then closed, which also
+// frees a lock granted just as the wait was cancelled. A waiter whose network
+// vanished stays queued on the server until TCP keepalives or
+// client_connection_check_interval (settable in the URL) end its session; if
+// it is granted the lock meanwhile, the lock is free again one TTL later (the
+// waiter's session has idle_session_timeout set too). A waiting backend holds
+// a snapshot, as any running statement does, which holds back vacuum while it
+// waits; a statement_timeout set for the role or database ends long waits,
+// which Acquire then starts again at the back of the queue.
+//
+// Costs: an acquisition is one round trip (fencing adds a nextval), a
+// release one round trip (on a connection to be parked, a fast-path call of
+// pg_advisory_unlock rather than a statement: no portal, no executor), and
+// the watchdog one round trip every TTL/3. A lease's session has its idle_session_timeout and
+// synchronous_commit changed; after a release of a lease whose TTL is a
+// second or more, its connection stays out of the pool for up to 100ms,
+// parked with those settings for the next acquisition, which then changes
+// none (see driver.park; a quarter of the pool's MaxConns are parked at
+// most, none from a pool of fewer than four), and goes back with them
+// restored. A lease, and a waiting Acquire,
+// keep one connection, a lease idle
+// for 50ms one goroutine reading it, and a Locker holding leases one
+// goroutine that looks at them every 50ms (no timer per lease). The
+// acquiring and releasing statements are prepared once per connection, under
+// names that start with dlock_, when the connection uses pgx's default
+// QueryExecModeCacheStatement; with any other mode (as behind a pooler) they
+// go unnamed, parsed at every execution.
+//
+// Fencing tokens come from a sequence, dlock_fence_seq: the acquiring
+// statement takes nextval after the grant, so tokens follow grant order.
+// A sequence only grows while the server runs, but a crash can take back its
+// last values: PostgreSQL writes a sequence's WAL record ahead of 32 values,
+// and a lease's session has synchronous_commit off (its statements write no
+// other WAL; the setting is restored before the connection returns to the
+// pool), so that a grant never waits for a WAL flush while
+// it holds the lock; the WAL writer flushes such commits within three
+// wal_writer_delay (600ms by default). So each server start is an
+// epoch: before a connection hands out its first token, it makes sure that
+// its server start is recorded in the table dlock_fence_epoch; the first
+// connection after a start records it and moves the sequence EpochGap (2^32)
+// forward, in one transaction whose commit is flushed (synchronous_commit at
+// least 'local'). Tokens therefore strictly increase across holders,
+// releases, expiries, restarts and crashes, unless a crash took back more
+// than 2^32 values (the grants of far more than the WAL writer's window);
+// and across failover to a standby (synchronous or not) that missed fewer
+// than 2^32 values, the new primary's start being an epoch too. The cost:
+// nextval per acquisition (WAL every 32nd call, not waited for), a round trip per new
+// connection, one row per server start. The sequence and table are in
+// Options.FenceSchema (default "public"), created on first use; a role that
+// may not create them gets an error at NewFromConfig (or at the first
+// acquisition, with New), and an administrator can run DDL once instead.
+// Options.NoFencing turns fencing off (Capabilities.Fencing false) and then
+// nothing is stored.
+//
+// What it does not survive:
+//
+//   - Restart or failover: every session ends, so every lock is lost; the
+//     leases report it (Capabilities.SurvivesRestart is false). Waiters
+//     queue again once the server is back.
+//   - Transaction pooling (PgBouncer pool_mode=transaction and the like):
+//     session locks need a session of their own. The driver refuses a
+//     connection whose backend pid is not the one announced at connection
+//     start (any proxy: a transaction pooler announces a key of its own),
+//     checked by every acquisition, and a lease whose backend pid changes
+//     between statements (checked by refresh, Held, and a release that
+//     restores the session's settings). The release of a connection kept
+//     for the next lease (see Costs) is a fast-path call of
+//     pg_advisory_unlock, which cannot check the pid; its acquisition did,
+//     on the same connection. (A transaction pooler that passed the real
+//     backend's key through would break session locks anyway: another of
+//     its clients could take a lock again on the session that holds it.) A
+//     session pooler may be allowed with Options.SessionPooler; the pid of
+//     the acquisition is then checked on every later statement, and every
+//     release is a statement.
+//   - Process pauses: a holder paused past its ValidUntil may resume
+//     believing it holds a lock whose session the server ended; the lease
+//     reports the loss once the process runs again. Pass Lease.Fence to the
+//     resource.
+//   - A hot standby: advisory locks there are the standby's own; with
+//     fencing the acquisition fails (no nextval on a standby).
+//
+// # Layout
+//
+// A lock is the advisory lock whose 64-bit key is
+//
+//	hashtextextended(<KeyPrefix> || <name>, 0)
+//
+// in the database of the URL (advisory locks are per database). KeyPrefix
+// defaults to "", so from psql, connected to the same database,
+//
+//	SELECT pg_advisory_lock(hashtextextended('jobs/nightly', 0));
+//
+// takes the lock that dlock takes for the name "jobs/nightly", and excludes
+// dlock holders (and is excluded by them) until pg_advisory_unlock or the end
+// of the psql session; pg_try_advisory_lock works the same way. The name's
+// bytes are hashed in the database encoding (UTF-8 recommended). In pg_locks
+// a held lock is the row with locktype 'advisory', classid the key's high 32
+// bits, objid its low 32 bits, objsubid 1, and the holder's pid. Two names
+// share a lock only if their 64-bit hashes collide (a chance of about
+// n²/2^65 among n names): they then exclude each other, which is safe.
+//
+// Nothing else is stored but the fencing sequence and epoch table (see
+// Guarantees): no lock leaves anything on the server once its session ends.
+// Metadata (Options.Metadata) is not stored.
+package postgres
