@@ -17,8 +17,8 @@
 -- first live waiter (deadline not passed; dead entries on the way are
 -- dropped), sets the lock to that waiter's token with its TTL, advances the
 -- counter as acquire.lua does (INCR; a missing counter starts at the
--- server's TIME in µs) and publishes "g:<token>:<fence>" on the waiter's grant channel
--- (its entry is "deadline_ms ttl_ms channel"; see acquire.lua). When the queue holds only dead
+-- server's TIME in µs) and publishes "g:<token>:<fence>" on the waiter's
+-- grant channel (its entry is "deadline_ms ttl_ms channel"; see acquire.lua). When the queue holds only dead
 -- entries it deletes the lock and publishes an empty message, as in the
 -- compat layout, so that a waiter whose entry lapsed (a pause longer than its
 -- lifetime) looks again at once. With the queue empty it publishes nothing:
@@ -30,6 +30,7 @@
 -- the release, which has happened by then: waiters fall back to polling.
 -- Returns 1 when the key held the token and was deleted (or handed on), 0
 -- otherwise (gone, or another owner's).
+
 -- nextFence advances the counter and returns the new fencing token, as in
 -- acquire.lua.
 local function nextFence()
