@@ -48,15 +48,37 @@
 //     that accepts only tokens above the highest it has seen then refuses
 //     the second holder's writes instead of interleaving them.
 //   - Restart: the test and reference servers run without persistence, so a
-//     restart forgets every lock and every fencing counter (tokens may then
-//     repeat). With AOF (appendonly yes, appendfsync always) locks and
-//     counters survive a restart; Capabilities reports SurvivesRestart false
-//     because that depends on the server's configuration.
+//     restart forgets every lock (a holder and the next taker may then both
+//     hold a valid lease) and every fencing counter. Fencing tokens still
+//     strictly increase across it, because a missing counter starts again at
+//     the server's clock (see Fencing). With AOF (appendonly yes, appendfsync
+//     always) locks and counters survive a restart; Capabilities reports
+//     SurvivesRestart false because that depends on the server's
+//     configuration.
 //   - Process pauses: a holder paused (GC, SIGSTOP, a VM migration) past its
 //     ValidUntil may resume believing it holds a lock that expired and was
 //     taken. The lease reports the loss, but only once the process runs
 //     again; pass Lease.Fence to the resource so that it can refuse the stale
 //     holder's writes.
+//
+// Fencing (default layout): every grant, a handoff to a queued waiter or an
+// expiry takeover included, advances the name's counter in the script that
+// sets the lock, and the lease's token (Lease.Fence) is the new value. A
+// counter that exists is INCRed. A missing one (the name's first use, or
+// lost: a restart without persistence, an eviction under an allkeys-*
+// maxmemory policy, a DEL) starts at the server's TIME in microseconds. A
+// counter grows by one per grant and a grant costs at least one script run
+// on the server, which takes longer than a microsecond, so a counter never
+// outruns the microseconds elapsed since it started; a lost counter therefore
+// starts again above every token handed out before it was lost, provided the
+// server's clock has not gone back since by more than the time that passed.
+// The assumption is the server's clock: let NTP slew it, not step it back.
+// Tokens are then microsecond-scale numbers (about 1.8e15 in 2026), far
+// inside a uint64 and exact in Lua's numbers until 2^53 (the year 2255). A
+// counter of an older version, started at 1, keeps counting from its value;
+// it jumps to the clock only when it is lost. So tokens keep increasing
+// across a restart, but not across a failover to a replica that has a stale
+// counter (above).
 //
 // Default layout: waiting is a FIFO queue on the server (Capabilities.FIFO).
 // A waiter enqueues itself (in the order the server sees its requests) and
@@ -108,8 +130,9 @@
 //
 //	P{N}            string: the lease token, with the TTL as its expiry
 //	                (SET NX PX); deleted on release
-//	P{N}:fence      integer: the fencing counter, INCRed with every grant in
-//	                the same script as the SET
+//	P{N}:fence      integer: the fencing counter, advanced with every grant
+//	                in the same script as the SET: INCRed, or started at
+//	                the server's TIME in µs when missing (see Fencing)
 //	P{N}:queue      sorted set: the waiting tokens, scored by arrival (the
 //	                server's TIME in µs at the first enqueue; renewals keep
 //	                the place)
@@ -132,15 +155,17 @@
 // of waiters that died vanish even when no one comes to remove them.
 //
 // The counter's value is always the current holder's fence (every grant
-// SETs the lock and INCRs the counter in one script, nothing else changes
+// SETs the lock and advances the counter in one script, nothing else changes
 // either): a waiter that missed its grant message finds the lock holding
 // its token and reads its fence there.
 //
 // The braces make N (up to any "}" in it) the hash tag, so a lock, its
 // counter and its queue share a cluster slot. The counter persists by design: it is one
 // small key per name ever locked, and it is what makes fencing tokens
-// strictly increase across holders and expiry takeovers. Delete counters only
-// for names no process will lock again.
+// strictly increase across holders and expiry takeovers. A counter deleted
+// (or evicted) starts again at the server's clock, so deleting one does not
+// break fencing under the clock assumption above, but every deleted counter
+// is one more place that assumption must hold.
 //
 // Compat layout (Options.Compat, URL compat=true), with P defaulting to "":
 //
