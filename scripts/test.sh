@@ -34,6 +34,15 @@ fi
 step "go vet ./..."
 go vet ./...
 
+# The dlock binary must not link package testing (its flags, its runtime
+# hooks): internal/servers, which its bench command imports, takes a TB
+# interface of its own instead.
+step "go list -deps ./cmd/dlock: no package testing"
+if go list -deps ./cmd/dlock | grep -qx testing; then
+  echo "cmd/dlock links package testing; find the importer with: go list -deps -f '{{.ImportPath}}: {{.Imports}}' ./cmd/dlock | grep -w testing" >&2
+  exit 1
+fi
+
 export DLOCK_REQUIRE_BACKENDS="${DLOCK_REQUIRE_BACKENDS:-1}"
 step "DLOCK_REQUIRE_BACKENDS=$DLOCK_REQUIRE_BACKENDS go test -race -count=1 -timeout 20m ./... $*"
 go test -race -count=1 -timeout 20m ./... "$@"

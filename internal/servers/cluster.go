@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"testing"
 )
 
 // NetworkPrefix begins the name of every Docker network this package makes.
@@ -67,7 +66,7 @@ func (n *Network) Close() error {
 // RequireNetwork makes a network for this test alone, removed by tb.Cleanup
 // (register it before the servers on it, so that they are closed first). It
 // skips and fails as Require does.
-func RequireNetwork(tb testing.TB) *Network {
+func RequireNetwork(tb TB) *Network {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), requireTimeout)
 	defer cancel()
