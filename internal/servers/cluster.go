@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"testing"
-
-	dc "github.com/ory/dockertest/v3/docker"
 )
 
 // NetworkPrefix begins the name of every Docker network this package makes.
@@ -35,16 +32,11 @@ func NewNetwork(ctx context.Context) (*Network, error) {
 	}
 	reapNetworks(ctx, client)
 	name := NetworkPrefix + randomHex(4)
-	n, err := client.CreateNetwork(dc.CreateNetworkOptions{
-		Name:    name,
-		Driver:  "bridge",
-		Labels:  map[string]string{LabelOwner: owner()},
-		Context: ctx,
-	})
+	id, err := client.createNetwork(ctx, name, map[string]string{LabelOwner: owner()})
 	if err != nil {
 		return nil, fmt.Errorf("servers: creating network %s: %w", name, err)
 	}
-	return &Network{id: n.ID, name: name}, nil
+	return &Network{id: id, name: name}, nil
 }
 
 // Name is the value for StartOptions.Network.
@@ -65,9 +57,7 @@ func (n *Network) Close() error {
 	if err != nil {
 		return fmt.Errorf("servers: removing network %s: %w", n.name, err)
 	}
-	err = client.RemoveNetwork(n.id)
-	var gone *dc.NoSuchNetwork
-	if err != nil && !errors.As(err, &gone) {
+	if err := client.removeNetwork(ctx, n.id); err != nil { // gone already: no error
 		return fmt.Errorf("servers: removing network %s: %w", n.name, err)
 	}
 	return nil
@@ -76,7 +66,7 @@ func (n *Network) Close() error {
 // RequireNetwork makes a network for this test alone, removed by tb.Cleanup
 // (register it before the servers on it, so that they are closed first). It
 // skips and fails as Require does.
-func RequireNetwork(tb testing.TB) *Network {
+func RequireNetwork(tb TB) *Network {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), requireTimeout)
 	defer cancel()
@@ -96,22 +86,22 @@ func RequireNetwork(tb testing.TB) *Network {
 }
 
 // networking attaches a container to opts.Network under opts.Alias.
-func networking(opts *StartOptions) *dc.NetworkingConfig {
+func networking(opts *StartOptions) *networkingConfig {
 	if opts.Network == "" {
 		return nil
 	}
-	ep := &dc.EndpointConfig{}
+	var ep endpointConfig
 	if opts.Alias != "" {
 		ep.Aliases = []string{opts.Alias}
 	}
-	return &dc.NetworkingConfig{EndpointsConfig: map[string]*dc.EndpointConfig{opts.Network: ep}}
+	return &networkingConfig{EndpointsConfig: map[string]endpointConfig{opts.Network: ep}}
 }
 
 // reapNetworks removes, best effort, the networks left by processes on this
 // host (and pid namespace) that died without closing them; one that still
 // has containers is left for later.
-func reapNetworks(ctx context.Context, client *dc.Client) {
-	list, err := client.FilteredListNetworks(dc.NetworkFilterOpts{"label": {LabelOwner: true}})
+func reapNetworks(ctx context.Context, client *docker) {
+	list, err := client.listNetworks(ctx, LabelOwner)
 	if err != nil {
 		return
 	}
@@ -125,6 +115,6 @@ func reapNetworks(ctx context.Context, client *dc.Client) {
 		if _, err := fmt.Sscan(pid, &p); err != nil || processAlive(p) {
 			continue
 		}
-		_ = client.RemoveNetwork(n.ID)
+		_ = client.removeNetwork(ctx, n.ID)
 	}
 }

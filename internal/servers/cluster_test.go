@@ -21,7 +21,7 @@ func TestNetwork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := client.InspectContainerWithContext(s.containerID, ctx)
+		c, err := client.inspectContainer(ctx, s.containerID)
 		if err != nil {
 			t.Fatal(err)
 		}

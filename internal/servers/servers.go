@@ -58,9 +58,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/ory/dockertest/v3"
-	dc "github.com/ory/dockertest/v3/docker"
 )
 
 // Kind names a backend server.
@@ -258,7 +255,7 @@ func externalAddr(kind Kind) (addr string, ok bool, err error) {
 // shared ones.
 var (
 	dockerMu     sync.Mutex
-	dockerCached *dc.Client
+	dockerCached *docker
 
 	registryMu sync.Mutex
 	registry   = map[*Server]struct{}{}
@@ -335,8 +332,8 @@ func CloseAll() error {
 		errs = append(errs, s.Close())
 	}
 	dockerMu.Lock()
-	if dockerCached != nil && dockerCached.HTTPClient != nil {
-		dockerCached.HTTPClient.CloseIdleConnections()
+	if dockerCached != nil {
+		dockerCached.closeIdle()
 	}
 	dockerMu.Unlock()
 	return errors.Join(errs...)
@@ -344,23 +341,20 @@ func CloseAll() error {
 
 // dockerClient returns the process's Docker client, connecting on first use.
 // Failures wrap ErrNoDocker and are not remembered.
-func dockerClient(ctx context.Context) (*dc.Client, error) {
+func dockerClient(ctx context.Context) (*docker, error) {
 	dockerMu.Lock()
 	defer dockerMu.Unlock()
 	if dockerCached != nil {
 		return dockerCached, nil
 	}
-	pool, err := dockertest.NewPool("")
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	client, err := newDocker(pctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoDocker, err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Client.PingWithContext(pctx); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoDocker, err)
-	}
-	reapOrphans(pctx, pool.Client)
-	dockerCached = pool.Client
+	reapOrphans(pctx, client)
+	dockerCached = client
 	return dockerCached, nil
 }
 
@@ -378,13 +372,9 @@ func ownerPrefix() string {
 // reapOrphans removes, best effort, the containers left by processes on this
 // host (and pid namespace) that died without closing them: a test binary
 // killed by -timeout, say.
-func reapOrphans(ctx context.Context, client *dc.Client) {
+func reapOrphans(ctx context.Context, client *docker) {
 	prefix := ownerPrefix()
-	list, err := client.ListContainers(dc.ListContainersOptions{
-		All:     true,
-		Filters: map[string][]string{"label": {LabelOwner}},
-		Context: ctx,
-	})
+	list, err := client.listContainers(ctx, LabelOwner)
 	if err != nil {
 		return
 	}
@@ -394,7 +384,7 @@ func reapOrphans(ctx context.Context, client *dc.Client) {
 		if !ok || err != nil || processAlive(n) {
 			continue
 		}
-		_ = client.RemoveContainer(dc.RemoveContainerOptions{ID: c.ID, Force: true, RemoveVolumes: true, Context: ctx})
+		_ = client.removeContainer(ctx, c.ID)
 	}
 }
 
@@ -441,7 +431,7 @@ func imageContext(kind Kind) (fs.FS, string, error) {
 
 // ensureImage builds kind's image unless its tag already exists, and returns
 // the tag.
-func ensureImage(ctx context.Context, client *dc.Client, kind Kind) (string, error) {
+func ensureImage(ctx context.Context, client *docker, kind Kind) (string, error) {
 	ctxFS, tag, err := imageContext(kind)
 	if err != nil {
 		return "", fmt.Errorf("servers: %s image context: %w", kind, err)
@@ -452,12 +442,12 @@ func ensureImage(ctx context.Context, client *dc.Client, kind Kind) (string, err
 	case <-ctx.Done():
 		return "", fmt.Errorf("servers: waiting to build %s: %w", tag, ctx.Err())
 	}
-	if _, err := client.InspectImage(tag); err == nil {
-		return tag, nil
-	} else if !errors.Is(err, dc.ErrNoSuchImage) {
+	if ok, err := client.imageExists(ctx, tag); err != nil {
 		return "", fmt.Errorf("servers: inspecting %s: %w", tag, err)
+	} else if ok {
+		return tag, nil
 	}
-	if _, err := client.InspectImage(baseImage); errors.Is(err, dc.ErrNoSuchImage) {
+	if ok, err := client.imageExists(ctx, baseImage); err == nil && !ok {
 		return "", fmt.Errorf("%w: base image %s is missing", ErrNoDocker, baseImage)
 	}
 
@@ -469,26 +459,16 @@ func ensureImage(ctx context.Context, client *dc.Client, kind Kind) (string, err
 	if err := tw.Close(); err != nil {
 		return "", fmt.Errorf("servers: %s build context: %w", kind, err)
 	}
-	var out bytes.Buffer
-	err = client.BuildImage(dc.BuildImageOptions{
-		Name:                tag,
-		Dockerfile:          "Dockerfile",
-		InputStream:         &buildCtx,
-		OutputStream:        &out,
-		RmTmpContainer:      true,
-		ForceRmTmpContainer: true,
-		Labels:              map[string]string{LabelKind: string(kind)},
-		Context:             ctx,
-	})
+	out, err := client.buildImage(ctx, tag, map[string]string{LabelKind: string(kind)}, &buildCtx)
 	if err != nil {
-		return "", fmt.Errorf("servers: building %s: %w\n%s", tag, err, lastLines(out.String(), 20))
+		return "", fmt.Errorf("servers: building %s: %w\n%s", tag, err, lastLines(out, 20))
 	}
 	return tag, nil
 }
 
 // runContainer creates and starts a container of the image, publishing the
 // server's port on 127.0.0.1 at a free port it picks.
-func runContainer(ctx context.Context, client *dc.Client, kind Kind, tag string, opts *StartOptions, ready time.Duration) (*Server, error) {
+func runContainer(ctx context.Context, client *docker, kind Kind, tag string, opts *StartOptions, ready time.Duration) (*Server, error) {
 	port := containerPort(kind)
 	var lastErr error
 	for range 3 { // another process may take the port we picked before Docker binds it
@@ -497,23 +477,19 @@ func runContainer(ctx context.Context, client *dc.Client, kind Kind, tag string,
 			return nil, err
 		}
 		name := ContainerPrefix + string(kind) + "-" + randomHex(4)
-		c, err := client.CreateContainer(dc.CreateContainerOptions{
-			Name: name,
-			Config: &dc.Config{
-				Image:        tag,
-				Cmd:          opts.Cmd,
-				Env:          opts.Env,
-				ExposedPorts: map[dc.Port]struct{}{port: {}},
-				Labels:       map[string]string{LabelKind: string(kind), LabelOwner: owner()},
-			},
-			HostConfig: &dc.HostConfig{
-				PortBindings: map[dc.Port][]dc.PortBinding{
+		id, err := client.createContainer(ctx, name, &containerSpec{
+			Image:        tag,
+			Cmd:          opts.Cmd,
+			Env:          opts.Env,
+			ExposedPorts: map[string]struct{}{port: {}},
+			Labels:       map[string]string{LabelKind: string(kind), LabelOwner: owner()},
+			HostConfig: hostConfig{
+				PortBindings: map[string][]portBinding{
 					port: {{HostIP: "127.0.0.1", HostPort: strconv.Itoa(hostPort)}},
 				},
 				NetworkMode: opts.Network, // "": the default bridge
 			},
 			NetworkingConfig: networking(opts),
-			Context:          ctx,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("servers: creating %s container: %w", kind, err)
@@ -521,7 +497,7 @@ func runContainer(ctx context.Context, client *dc.Client, kind Kind, tag string,
 		s := &Server{
 			kind:        kind,
 			addr:        net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort)),
-			containerID: c.ID,
+			containerID: id,
 			name:        name,
 			ready:       ready,
 		}
@@ -529,7 +505,7 @@ func runContainer(ctx context.Context, client *dc.Client, kind Kind, tag string,
 		registry[s] = struct{}{}
 		registryMu.Unlock()
 
-		err = client.StartContainerWithContext(c.ID, nil, ctx)
+		err = client.startContainer(ctx, id)
 		if err == nil {
 			return s, nil
 		}
@@ -544,7 +520,9 @@ func runContainer(ctx context.Context, client *dc.Client, kind Kind, tag string,
 	return nil, lastErr
 }
 
-func containerPort(kind Kind) dc.Port {
+// containerPort is the server's port inside its container, as Docker names
+// it.
+func containerPort(kind Kind) string {
 	switch kind {
 	case Etcd:
 		return "2379/tcp"
@@ -588,7 +566,7 @@ func lastLines(s string, n int) string {
 
 // control returns the Docker client for a fault method, or why there is none.
 // It is called with s.mu held.
-func (s *Server) control(ctx context.Context, op string) (*dc.Client, error) {
+func (s *Server) control(ctx context.Context, op string) (*docker, error) {
 	switch {
 	case s.external:
 		return nil, fmt.Errorf("%w: cannot %s %s", ErrNotControllable, op, s)
@@ -603,7 +581,7 @@ func (s *Server) control(ctx context.Context, op string) (*dc.Client, error) {
 
 // Pause freezes every process of the server (docker pause): connections stay
 // open and TCP handshakes still complete, but nothing is answered until
-// Unpause. The Docker call does not take ctx; ctx is checked before it.
+// Unpause. ctx bounds the Docker call.
 func (s *Server) Pause(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -611,14 +589,13 @@ func (s *Server) Pause(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := client.PauseContainer(s.containerID); err != nil {
+	if err := client.pauseContainer(ctx, s.containerID); err != nil {
 		return fmt.Errorf("servers: pausing %s: %w", s, err)
 	}
 	return nil
 }
 
-// Unpause resumes a paused server. The Docker call does not take ctx; ctx is
-// checked before it.
+// Unpause resumes a paused server. ctx bounds the Docker call.
 func (s *Server) Unpause(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -626,7 +603,7 @@ func (s *Server) Unpause(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := client.UnpauseContainer(s.containerID); err != nil {
+	if err := client.unpauseContainer(ctx, s.containerID); err != nil {
 		return fmt.Errorf("servers: unpausing %s: %w", s, err)
 	}
 	return nil
@@ -646,25 +623,27 @@ func (s *Server) Stop(ctx context.Context) error {
 	return s.stop(ctx, client)
 }
 
-func (s *Server) stop(ctx context.Context, client *dc.Client) error {
-	c, err := client.InspectContainerWithContext(s.containerID, ctx)
+func (s *Server) stop(ctx context.Context, client *docker) error {
+	c, err := client.inspectContainer(ctx, s.containerID)
 	if err != nil {
 		return fmt.Errorf("servers: stopping %s: %w", s, err)
 	}
 	if !c.State.Running {
 		return nil
 	}
-	err = client.KillContainer(dc.KillContainerOptions{ID: s.containerID, Signal: dc.SIGKILL, Context: ctx})
-	var notRunning *dc.ContainerNotRunning
-	if err != nil && !errors.As(err, &notRunning) {
+	// 409 Conflict: it stopped in the meantime.
+	err = client.killContainer(ctx, s.containerID, "SIGKILL")
+	if err != nil && !hasStatus(err, http.StatusConflict) {
 		return fmt.Errorf("servers: killing %s: %w", s, err)
 	}
 	if c.State.Paused {
-		if err := client.UnpauseContainer(s.containerID); err != nil && !strings.Contains(err.Error(), "not paused") {
+		// Killing a paused container may unpause it; the engine then says
+		// "is not paused", with 409 or, before Docker 23, 500.
+		if err := client.unpauseContainer(ctx, s.containerID); err != nil && !strings.Contains(err.Error(), "not paused") {
 			return fmt.Errorf("servers: unpausing killed %s: %w", s, err)
 		}
 	}
-	if _, err := client.WaitContainerWithContext(s.containerID, ctx); err != nil {
+	if err := client.waitContainer(ctx, s.containerID); err != nil {
 		return fmt.Errorf("servers: waiting for %s to stop: %w", s, err)
 	}
 	return nil
@@ -683,10 +662,8 @@ func (s *Server) Start(ctx context.Context) error {
 	return s.start(ctx, client)
 }
 
-func (s *Server) start(ctx context.Context, client *dc.Client) error {
-	err := client.StartContainerWithContext(s.containerID, nil, ctx)
-	var running *dc.ContainerAlreadyRunning
-	if err != nil && !errors.As(err, &running) {
+func (s *Server) start(ctx context.Context, client *docker) error {
+	if err := client.startContainer(ctx, s.containerID); err != nil { // running already: no error
 		return fmt.Errorf("servers: starting %s: %w", s, err)
 	}
 	return s.waitReady(ctx)
@@ -738,9 +715,7 @@ func (s *Server) Close() error {
 	if err != nil {
 		return fmt.Errorf("servers: removing %s: %w", s, err)
 	}
-	err = client.RemoveContainer(dc.RemoveContainerOptions{ID: s.containerID, Force: true, RemoveVolumes: true, Context: ctx})
-	var gone *dc.NoSuchContainer
-	if err != nil && !errors.As(err, &gone) {
+	if err := client.removeContainer(ctx, s.containerID); err != nil { // gone already: no error
 		return fmt.Errorf("servers: removing %s: %w", s, err)
 	}
 	return nil
@@ -799,17 +774,12 @@ func (s *Server) checkRunning(ctx context.Context) error {
 	if err != nil {
 		return nil
 	}
-	c, err := client.InspectContainerWithContext(s.containerID, ctx)
+	c, err := client.inspectContainer(ctx, s.containerID)
 	if err != nil || c.State.Running {
 		return nil
 	}
-	var logs bytes.Buffer
-	_ = client.Logs(dc.LogsOptions{
-		Context: ctx, Container: s.containerID,
-		OutputStream: &logs, ErrorStream: &logs,
-		Stdout: true, Stderr: true, Tail: "30",
-	})
-	return fmt.Errorf("servers: %s exited with status %d; last log lines:\n%s", s, c.State.ExitCode, lastLines(logs.String(), 30))
+	logs, _ := client.containerLogs(ctx, s.containerID, 30)
+	return fmt.Errorf("servers: %s exited with status %d; last log lines:\n%s", s, c.State.ExitCode, lastLines(logs, 30))
 }
 
 // ping runs kind's health check against addr once, bounded by ctx.

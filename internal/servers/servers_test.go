@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	dc "github.com/ory/dockertest/v3/docker"
 	"go.uber.org/goleak"
 )
 
@@ -103,7 +102,7 @@ func TestRedisFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.InspectContainerWithContext(s.containerID, ctx)
+	c, err := client.inspectContainer(ctx, s.containerID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,27 +298,22 @@ func TestReapOrphans(t *testing.T) {
 	}
 	create := func(owner string) string {
 		t.Helper()
-		c, err := client.CreateContainer(dc.CreateContainerOptions{
-			Name:    ContainerPrefix + "reap-" + randomHex(4),
-			Config:  &dc.Config{Image: tag, Labels: map[string]string{LabelOwner: owner}},
-			Context: ctx,
-		})
+		id, err := client.createContainer(ctx, ContainerPrefix+"reap-"+randomHex(4),
+			&containerSpec{Image: tag, Labels: map[string]string{LabelOwner: owner}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() {
-			_ = client.RemoveContainer(dc.RemoveContainerOptions{ID: c.ID, Force: true, Context: context.Background()})
-		})
-		return c.ID
+		t.Cleanup(func() { _ = client.removeContainer(context.Background(), id) })
+		return id
 	}
 	orphan := create(ownerPrefix() + strconv.Itoa(dead.Process.Pid))
 	mine := create(owner())
 
 	reapOrphans(ctx, client)
-	if _, err := client.InspectContainerWithContext(orphan, ctx); err == nil {
+	if _, err := client.inspectContainer(ctx, orphan); err == nil {
 		t.Errorf("container of dead pid %d survived reapOrphans", dead.Process.Pid)
 	}
-	if _, err := client.InspectContainerWithContext(mine, ctx); err != nil {
+	if _, err := client.inspectContainer(ctx, mine); err != nil {
 		t.Errorf("container of this process: %v, want it kept", err)
 	}
 }

@@ -5,9 +5,23 @@ import (
 	"errors"
 	"os"
 	"strconv"
-	"testing"
 	"time"
 )
+
+// TB is the part of testing.TB that Require, RequireNew, RequireNewWith and
+// RequireNetwork use; *testing.T and *testing.B satisfy it. It is declared
+// here rather than taken from package testing so that this package, which
+// the dlock CLI imports for its bench command, does not link package testing
+// (and its flags) into the binary.
+type TB interface {
+	Helper()
+	Context() context.Context
+	Cleanup(func())
+	Error(args ...any)
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+}
 
 // requireTimeout bounds Require and RequireNew, a first image build included.
 const requireTimeout = 10 * time.Minute
@@ -22,7 +36,7 @@ const RequireBackendsEnv = "DLOCK_REQUIRE_BACKENDS"
 //
 // Without Docker, Require skips the test, or fails it when
 // DLOCK_REQUIRE_BACKENDS=1; any other error fails it.
-func Require(tb testing.TB, kind Kind) *Server {
+func Require(tb TB, kind Kind) *Server {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), requireTimeout)
 	defer cancel()
@@ -37,14 +51,14 @@ func Require(tb testing.TB, kind Kind) *Server {
 // tb.Cleanup: one the test may pause, stop and restart. It skips and fails as
 // Require does, and also skips when DLOCK_<KIND>_ADDR names an external server,
 // since no dedicated one can be had then.
-func RequireNew(tb testing.TB, kind Kind) *Server {
+func RequireNew(tb TB, kind Kind) *Server {
 	tb.Helper()
 	return RequireNewWith(tb, kind, nil)
 }
 
 // RequireNewWith is RequireNew with StartOptions, e.g. a shorter ZooKeeper
 // tickTime.
-func RequireNewWith(tb testing.TB, kind Kind, opts *StartOptions) *Server {
+func RequireNewWith(tb TB, kind Kind, opts *StartOptions) *Server {
 	tb.Helper()
 	if _, ok, _ := externalAddr(kind); ok {
 		tb.Skipf("servers: this test needs its own %s server, but %s names an external one", kind, envVar(kind))
@@ -63,7 +77,7 @@ func RequireNewWith(tb testing.TB, kind Kind, opts *StartOptions) *Server {
 	return s
 }
 
-func requireFailed(tb testing.TB, kind Kind, err error) {
+func requireFailed(tb TB, kind Kind, err error) {
 	tb.Helper()
 	if errors.Is(err, ErrNoDocker) && !backendsRequired() {
 		tb.Skipf("no %s server: %v\n(or set %s to a throwaway server; %s=1 turns this skip into a failure)",
