@@ -98,6 +98,8 @@ type chaosLease struct {
 	lossErr  error     // the lease's Err once it ended by loss
 	relErr   error     // what Release returned
 	notHeld  bool      // Release found the lock gone
+	lost     bool      // the lease ended lost (ErrLost), signalled or found by Release
+	signal   bool      // the holder saw the loss signal while holding
 	afterCut bool      // granted after the last heal
 	epoch    time.Time // the run's start, for messages
 }
@@ -330,12 +332,18 @@ wait:
 		violations = append(violations, fmt.Sprintf("residue: with every lease released the backend still stores %q for the name after %v", left, residueWait))
 	}
 	r.report(d, recovery, bound, violations)
-	for i, v := range violations {
-		if i == 20 {
-			s.t.Errorf("chaos: and %d more violations (seed %d)", len(violations)-i, r.seed)
-			break
+	// Up to five of each kind (the text before the first colon).
+	shown := map[string]int{}
+	for _, v := range violations {
+		kind, _, _ := strings.Cut(v, ":")
+		if shown[kind]++; shown[kind] <= 5 {
+			s.t.Errorf("chaos: %s (seed %d)", v, r.seed)
 		}
-		s.t.Errorf("chaos: %s (seed %d)", v, r.seed)
+	}
+	for kind, n := range shown {
+		if n > 5 {
+			s.t.Errorf("chaos: and %d more %s violations (seed %d)", n-5, kind, r.seed)
+		}
 	}
 }
 
@@ -362,6 +370,9 @@ func (r *chaosRun) client(ctx context.Context, i int, l dlock.Locker, rng *rand.
 		}
 		granted := time.Now()
 		cancel()
+		r.mu.Lock()
+		healed = r.healed
+		r.mu.Unlock()
 		if err != nil {
 			kind := "other"
 			switch {
@@ -382,7 +393,7 @@ func (r *chaosRun) client(ctx context.Context, i int, l dlock.Locker, rng *rand.
 			r.mu.Lock()
 			r.acqErrs[kind]++
 			if !healed.IsZero() {
-				r.lastErrs[i] = err.Error()
+				r.lastErrs[i] = strings.ReplaceAll(err.Error(), "\n", "; ")
 			}
 			r.mu.Unlock()
 			if !try && errors.Is(err, context.DeadlineExceeded) {
@@ -447,8 +458,9 @@ func (r *chaosRun) client(ctx context.Context, i int, l dlock.Locker, rng *rand.
 			rec.end, rec.ended = relAt, "release"
 		}
 		if !lossSeen.IsZero() {
-			rec.lossErr = ls.Err()
+			rec.lossErr, rec.signal = ls.Err(), true
 		}
+		rec.lost = errors.Is(ls.Err(), dlock.ErrLost)
 		rec.relErr = rerr
 		switch {
 		case rerr == nil:
@@ -722,11 +734,14 @@ func (r *chaosRun) report(d, recovery, bound time.Duration, violations []string)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	perClient := make([]int, chaosClients)
-	var losses, notHeld int
+	var lost, signalled, notHeld int
 	for _, l := range r.leases {
 		perClient[l.client]++
-		if l.ended == "loss" {
-			losses++
+		if l.lost {
+			lost++
+		}
+		if l.signal {
+			signalled++
 		}
 		if l.notHeld {
 			notHeld++
@@ -745,8 +760,8 @@ func (r *chaosRun) report(d, recovery, bound time.Duration, violations []string)
 	}
 	r.s.t.Logf("chaos: seed %d, %d clients, TTL %v, faults for %v, server faults: %s", r.seed, chaosClients, r.s.cfg.TTL, d, srv)
 	r.s.t.Logf("chaos: grants=%d %v; faults: %s", len(r.leases), perClient, strings.Join(faults, " "))
-	r.s.t.Logf("chaos: losses signalled=%d, releases that found the lock gone=%d, failed releases=%v, acquisition errors=%v",
-		losses, notHeld, r.relErrs, r.acqErrs)
+	r.s.t.Logf("chaos: leases lost=%d (signalled while held=%d, found by Release=%d), failed releases=%v, acquisition errors=%v",
+		lost, signalled, notHeld, r.relErrs, r.acqErrs)
 	r.s.t.Logf("chaos: witness writes accepted=%d refused=%d (stale holders fenced off unless counted below); overlaps excused by declared capabilities=%v",
 		r.witness.accepted, len(r.witness.rejected), r.excusedOverlaps)
 	r.s.t.Logf("chaos: violations=%d; recovery after the last heal: %v (bound %v)", len(violations), recovery.Round(time.Millisecond), bound)
