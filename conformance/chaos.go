@@ -463,6 +463,13 @@ func (r *chaosRun) client(ctx context.Context, i int, l dlock.Locker, rng *rand.
 		rec.lost = errors.Is(ls.Err(), dlock.ErrLost)
 		rec.relErr = rerr
 		switch {
+		case rerr == nil && errors.Is(ls.Err(), dlock.ErrLost) && !time.Now().Before(ls.ValidUntil()):
+			// The release request went out in time and succeeded, but the
+			// lease's ValidUntil passed while it was under way, which
+			// ended the lease first: not a loss of the lock.
+			r.mu.Lock()
+			r.relErrs["nil, though ValidUntil passed during the call"]++
+			r.mu.Unlock()
 		case rerr == nil:
 			if !errors.Is(ls.Err(), dlock.ErrReleased) {
 				r.apiError(fmt.Sprintf("client %d: Release returned nil but the lease's Err is %v, want ErrReleased", i, ls.Err()))
@@ -707,8 +714,10 @@ func (r *chaosRun) check() []string {
 		// The witness refused the write of a lease granted after the one
 		// whose token it held: tokens went backwards, as a resource sees
 		// it. (Refusing a stale holder's write is fencing at work.)
+		seenW := map[*chaosLease]bool{}
 		for _, w := range r.witness.rejected {
-			if w.newer.grant.Before(w.writer.call) {
+			if w.newer.grant.Before(w.writer.call) && !seenW[w.writer] {
+				seenW[w.writer] = true
 				v = append(v, fmt.Sprintf("witness: refused the write of %v, granted after %v whose token it had accepted", w.writer, w.newer))
 			}
 		}
