@@ -163,7 +163,8 @@ type chaosRun struct {
 	acqErrs  map[string]int
 	relErrs  map[string]int
 	apiErrs  []string
-	lastErrs map[int]string // each client's last acquisition error after the heal
+	lastErrs map[int]string    // each client's last acquisition error after the heal
+	examples map[string]string // the first acquisition error of each kind
 
 	counts  [5]atomic.Int64 // by faultKinds index
 	witness witness
@@ -219,7 +220,7 @@ func testChaos(s *suite) {
 	})
 	r := &chaosRun{
 		s: s, seed: seed, name: s.name(), epoch: time.Now(),
-		acqErrs: map[string]int{}, relErrs: map[string]int{}, lastErrs: map[int]string{},
+		acqErrs: map[string]int{}, examples: map[string]string{}, relErrs: map[string]int{}, lastErrs: map[int]string{},
 	}
 	r.srv, _ = s.h.(ServerFaults)
 	lockers := make([]dlock.Locker, chaosClients)
@@ -392,6 +393,9 @@ func (r *chaosRun) client(ctx context.Context, i int, l dlock.Locker, rng *rand.
 			}
 			r.mu.Lock()
 			r.acqErrs[kind]++
+			if _, ok := r.examples[kind]; !ok {
+				r.examples[kind] = fmt.Sprintf("try=%v: %s", try, strings.ReplaceAll(err.Error(), "\n", "; "))
+			}
 			if !healed.IsZero() {
 				r.lastErrs[i] = strings.ReplaceAll(err.Error(), "\n", "; ")
 			}
@@ -773,5 +777,10 @@ func (r *chaosRun) report(d, recovery, bound time.Duration, violations []string)
 		lost, signalled, notHeld, r.relErrs, r.acqErrs)
 	r.s.t.Logf("chaos: witness writes accepted=%d refused=%d (stale holders fenced off unless counted below); overlaps excused by declared capabilities=%v",
 		r.witness.accepted, len(r.witness.rejected), r.excusedOverlaps)
+	for kind, e := range r.examples {
+		if kind != "not acquired" {
+			r.s.t.Logf("chaos: first acquisition error of kind %q: %s", kind, e)
+		}
+	}
 	r.s.t.Logf("chaos: violations=%d; recovery after the last heal: %v (bound %v)", len(violations), recovery.Round(time.Millisecond), bound)
 }
