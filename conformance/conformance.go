@@ -13,6 +13,13 @@
 // Each property is a named subtest with a deadline and lock names of its
 // own; a subtest whose capability the driver does not declare is skipped,
 // naming it. Timing assertions state their tolerance.
+//
+// The last subtest, Chaos, runs several lockers on one name under a seeded
+// random mix of faults for Config.Chaos (20s by default, more with
+// DLOCK_CHAOS_DURATION), and checks exclusion, fencing and recovery after
+// the faults heal. A harness that may also pause and restart the backend
+// implements ServerFaults; the seed of a failed run is logged, and
+// DLOCK_CHAOS_SEED replays its schedule.
 package conformance
 
 import (
