@@ -482,10 +482,20 @@ func (r *chaosRun) client(ctx context.Context, i int, l dlock.Locker, rng *rand.
 		case <-ctx.Done():
 		}
 		t.Stop()
+		holdEnd := time.Now()
 		if lossSeen.IsZero() && s.caps.Fencing && believed() {
 			r.witness.write(rec)
 		}
 		relAt := time.Now()
+		if lossSeen.IsZero() {
+			select {
+			case <-ls.Done():
+				// Lost after the hold, at a moment not seen: count the
+				// belief to the hold's end, which is surely before.
+				lossSeen = holdEnd
+			default: // still believed at relAt
+			}
+		}
 		rctx, cancel := context.WithTimeout(s.ctx, 2*ttl)
 		rerr := ls.Release(rctx)
 		cancel()
