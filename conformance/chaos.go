@@ -122,8 +122,7 @@ type witness struct {
 }
 
 type witnessRejection struct {
-	writer, newer *chaosLease
-	at            time.Time
+	writer, newer *chaosLease // the refused lease, and the one whose token the witness held
 }
 
 func (w *witness) write(l *chaosLease) {
@@ -134,7 +133,7 @@ func (w *witness) write(l *chaosLease) {
 		w.accepted++
 		return
 	}
-	w.rejected = append(w.rejected, witnessRejection{writer: l, newer: w.by, at: time.Now()})
+	w.rejected = append(w.rejected, witnessRejection{writer: l, newer: w.by})
 }
 
 // faultEvent is a fault that may free a lock at once on some backends: a
