@@ -13,6 +13,13 @@
 // Each property is a named subtest with a deadline and lock names of its
 // own; a subtest whose capability the driver does not declare is skipped,
 // naming it. Timing assertions state their tolerance.
+//
+// The last subtest, Chaos, runs several lockers on one name under a seeded
+// random mix of faults for Config.Chaos (20s by default, more with
+// DLOCK_CHAOS_DURATION), and checks exclusion, fencing and recovery after
+// the faults heal. A harness that may also pause and restart the backend
+// implements ServerFaults; the seed of a failed run is logged, and
+// DLOCK_CHAOS_SEED replays its schedule.
 package conformance
 
 import (
@@ -66,6 +73,14 @@ type Config struct {
 	// signal expected at time T may come up to Tolerance after it).
 	// Default 50ms.
 	Tolerance time.Duration
+	// Chaos is how long the Chaos section injects faults. Default 20s; the
+	// variable DLOCK_CHAOS_DURATION overrides it (see ChaosDurationEnv).
+	Chaos time.Duration
+	// PartialServerFaults says that the harness's ServerFaults take down only
+	// part of the backend (a minority of Redlock's nodes), so that locks may
+	// be granted while it is paused. Without it the Chaos section checks
+	// that a paused backend grants nothing.
+	PartialServerFaults bool
 }
 
 // Run runs the whole suite against the backend behind h.
@@ -73,6 +88,26 @@ func Run(t *testing.T, h Harness) { RunConfig(t, h, Config{}) }
 
 // RunConfig is Run with tuning.
 func RunConfig(t *testing.T, h Harness, cfg Config) {
+	caps, cfg := setup(t, h, cfg)
+	for _, tc := range tests {
+		runTest(t, h, caps, cfg, tc)
+	}
+}
+
+// RunChaos runs the Chaos section alone, for a harness that breaks the
+// backend differently from the one given to Run (such as a majority of
+// Redlock's nodes instead of a minority).
+func RunChaos(t *testing.T, h Harness, cfg Config) {
+	caps, cfg := setup(t, h, cfg)
+	for _, tc := range tests {
+		if tc.name == "Chaos" {
+			runTest(t, h, caps, cfg, tc)
+		}
+	}
+}
+
+// setup reads the driver's capabilities and fills in cfg's defaults.
+func setup(t *testing.T, h Harness, cfg Config) (dlock.Capabilities, Config) {
 	probe, _ := h.NewLocker(t, nil)
 	caps := probe.Capabilities()
 	if err := probe.Close(context.Background()); err != nil {
@@ -84,23 +119,34 @@ func RunConfig(t *testing.T, h Harness, cfg Config) {
 	if cfg.Tolerance == 0 {
 		cfg.Tolerance = 50 * time.Millisecond
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.need != nil {
-				if missing := tc.need(caps); missing != "" {
-					t.Skipf("driver does not declare capability %s", missing)
-				}
+	return caps, cfg
+}
+
+func runTest(t *testing.T, h Harness, caps dlock.Capabilities, cfg Config, tc testCase) {
+	t.Run(tc.name, func(t *testing.T) {
+		if tc.need != nil {
+			if missing := tc.need(caps); missing != "" {
+				t.Skipf("driver does not declare capability %s", missing)
 			}
-			s := newSuite(t, h, caps, cfg)
-			tc.fn(s)
-			s.checkResidue()
-		})
-	}
+		}
+		var extra time.Duration
+		if tc.long {
+			d, err := chaosDuration(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			extra = 2 * d
+		}
+		s := newSuite(t, h, caps, cfg, extra)
+		tc.fn(s)
+		s.checkResidue()
+	})
 }
 
 type testCase struct {
 	name string
 	need func(dlock.Capabilities) string // names a missing capability, or ""
+	long bool                            // runs for Config.Chaos and more
 	fn   func(s *suite)
 }
 
@@ -114,11 +160,11 @@ type suite struct {
 	names []string
 }
 
-func newSuite(t *testing.T, h Harness, caps dlock.Capabilities, cfg Config) *suite {
+func newSuite(t *testing.T, h Harness, caps dlock.Capabilities, cfg Config, extra time.Duration) *suite {
 	// A driver that ignores contexts must fail the suite, not hang it: past
 	// the deadline (and a grace period for cleanup) the binary panics with
 	// the subtest's name.
-	limit := 30*time.Second + 20*(cfg.TTL+caps.ExpirySlack)
+	limit := 30*time.Second + 20*(cfg.TTL+caps.ExpirySlack) + extra
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	watchdog := time.AfterFunc(limit+30*time.Second, func() {
 		panic(fmt.Sprintf("conformance: %s did not finish within %v: a driver call ignores its context", t.Name(), limit))

@@ -2,12 +2,15 @@ package etcd_test
 
 import (
 	"context"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/etcd"
+	"github.com/dlock/dlock/internal/servers"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -51,8 +54,29 @@ func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
 	return left, nil
 }
 
+// ownServer is a harness on a server of the test's own, which the suite's
+// Chaos section may pause and restart.
+type ownServer struct {
+	harness
+	srv *servers.Server
+}
+
+func (h ownServer) PauseServer(ctx context.Context) error   { return h.srv.Pause(ctx) }
+func (h ownServer) ResumeServer(ctx context.Context) error  { return h.srv.Unpause(ctx) }
+func (h ownServer) RestartServer(ctx context.Context) error { return h.srv.Restart(ctx) }
+
+// The suite runs on a server of its own, so that the Chaos section can pause
+// and restart it; on an external server (DLOCK_ETCD_ADDR) it runs without
+// server faults.
 func TestConformance(t *testing.T) {
-	srv, minTTL := etcdServer(t)
+	if os.Getenv("DLOCK_ETCD_ADDR") != "" {
+		srv, minTTL := etcdServer(t)
+		raw := newClient(t, srv.Addr())
+		conformance.RunConfig(t, harness{addr: srv.Addr(), raw: raw, prefix: "dlockconf/"}, conformance.Config{TTL: minTTL})
+		return
+	}
+	srv := servers.RequireNewWith(t, servers.Etcd, &servers.StartOptions{Env: fastElection})
 	raw := newClient(t, srv.Addr())
-	conformance.RunConfig(t, harness{addr: srv.Addr(), raw: raw, prefix: "dlockconf/"}, conformance.Config{TTL: minTTL})
+	h := harness{addr: srv.Addr(), raw: raw, prefix: "dlockconf/"}
+	conformance.RunConfig(t, ownServer{h, srv}, conformance.Config{TTL: time.Second})
 }

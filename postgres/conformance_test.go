@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 // its own faultnet proxy.
 type harness struct {
 	addr string
-	raw  *pgx.Conn // straight to the server, for Residue
+	raw  *pgx.Conn // straight to the server, for Residue; nil: one per call
 }
 
 func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
@@ -40,19 +41,50 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 	return l, p
 }
 
-// Residue lists the advisory lock entries, held or awaited, of name's key.
+// Residue lists the advisory lock entries, held or awaited, of name's key:
+// a waiter's entry outliving its wait is orphaned waiter state.
 func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
-	return lockEntries(ctx, h.raw, name)
+	if h.raw != nil {
+		return lockEntries(ctx, h.raw, name)
+	}
+	// A connection of its own each time: the server may have been restarted
+	// since the last.
+	c, err := pgx.Connect(ctx, dsn(h.addr))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close(context.Background())
+	return lockEntries(ctx, c, name)
 }
 
-func TestConformance(t *testing.T) {
-	srv := servers.Require(t, servers.Postgres)
-	conformance.Run(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr())})
+// ownServer is a harness on a server of the test's own, which the suite's
+// Chaos section may pause and restart.
+type ownServer struct {
+	harness
+	srv *servers.Server
 }
+
+func (h ownServer) PauseServer(ctx context.Context) error   { return h.srv.Pause(ctx) }
+func (h ownServer) ResumeServer(ctx context.Context) error  { return h.srv.Unpause(ctx) }
+func (h ownServer) RestartServer(ctx context.Context) error { return h.srv.Restart(ctx) }
+
+// runConformance runs the suite on a server of its own, so that the Chaos
+// section can pause and restart it; on an external server
+// (DLOCK_POSTGRES_ADDR) it runs without server faults.
+func runConformance(t *testing.T, cfg conformance.Config) {
+	if os.Getenv("DLOCK_POSTGRES_ADDR") != "" {
+		srv := servers.Require(t, servers.Postgres)
+		conformance.RunConfig(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr())}, cfg)
+		return
+	}
+	srv := servers.RequireNew(t, servers.Postgres)
+	conformance.RunConfig(t, ownServer{harness{addr: srv.Addr()}, srv}, cfg)
+}
+
+func TestConformance(t *testing.T) { runConformance(t, conformance.Config{}) }
 
 // The suite again at the declared MinTTL: the bounds hold for the shortest
 // TTL the driver accepts.
 func TestConformanceMinTTL(t *testing.T) {
-	srv := servers.Require(t, servers.Postgres)
-	conformance.RunConfig(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr())}, conformance.Config{TTL: postgres.MinTTL})
+	runConformance(t, conformance.Config{TTL: postgres.MinTTL, Chaos: 10 * time.Second})
 }

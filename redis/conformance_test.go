@@ -2,7 +2,10 @@ package redis_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
@@ -41,37 +44,77 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 }
 
 // Residue reports the lock key and, in the default layout, the queue and
-// the waiter entries (the fence counter persists by design).
+// the waiter entries with their tokens (the fence counter persists by
+// design): a waiter's entry outliving its wait is orphaned waiter state.
 func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
-	lock := redis.DefaultKeyPrefix + "{" + name + "}"
-	keys := []string{lock, lock + ":queue", lock + ":waiters"}
 	if h.compat {
-		keys = []string{name}
-	}
-	var left []string
-	for _, k := range keys {
-		n, err := h.raw.Exists(ctx, k).Result()
-		if err != nil {
+		n, err := h.raw.Exists(ctx, name).Result()
+		if err != nil || n == 0 {
 			return nil, err
 		}
-		if n > 0 {
-			left = append(left, k)
-		}
+		return []string{name}, nil
+	}
+	lock := redis.DefaultKeyPrefix + "{" + name + "}"
+	var left []string
+	n, err := h.raw.Exists(ctx, lock).Result()
+	if err != nil {
+		return nil, err
+	}
+	if n > 0 {
+		left = append(left, lock)
+	}
+	queued, err := h.raw.ZRange(ctx, lock+":queue", 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	if len(queued) > 0 {
+		left = append(left, fmt.Sprintf("%s:queue %q", lock, queued))
+	}
+	waiters, err := h.raw.HKeys(ctx, lock+":waiters").Result()
+	if err != nil {
+		return nil, err
+	}
+	if len(waiters) > 0 {
+		left = append(left, fmt.Sprintf("%s:waiters %q", lock, waiters))
 	}
 	return left, nil
 }
 
-func newHarness(t *testing.T, compat bool) harness {
-	srv := servers.Require(t, servers.Redis)
+// ownServer is a harness on a server of the test's own, which the suite's
+// Chaos section may pause and restart (without persistence, as the test
+// servers run).
+type ownServer struct {
+	harness
+	srv *servers.Server
+}
+
+func (h ownServer) PauseServer(ctx context.Context) error   { return h.srv.Pause(ctx) }
+func (h ownServer) ResumeServer(ctx context.Context) error  { return h.srv.Unpause(ctx) }
+func (h ownServer) RestartServer(ctx context.Context) error { return h.srv.Restart(ctx) }
+
+// runConformance runs the suite on a server of its own, so that the Chaos
+// section can pause and restart it; on an external server (DLOCK_REDIS_ADDR)
+// it runs without server faults.
+func runConformance(t *testing.T, compat bool, cfg conformance.Config) {
+	external := os.Getenv("DLOCK_REDIS_ADDR") != ""
+	var srv *servers.Server
+	if external {
+		srv = servers.Require(t, servers.Redis)
+	} else {
+		srv = servers.RequireNew(t, servers.Redis)
+	}
 	raw := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = raw.Close() })
-	return harness{addr: srv.Addr(), raw: raw, compat: compat}
+	h := harness{addr: srv.Addr(), raw: raw, compat: compat}
+	if external {
+		conformance.RunConfig(t, h, cfg)
+		return
+	}
+	conformance.RunConfig(t, ownServer{h, srv}, cfg)
 }
 
-func TestConformance(t *testing.T) {
-	conformance.Run(t, newHarness(t, false))
-}
+func TestConformance(t *testing.T) { runConformance(t, false, conformance.Config{}) }
 
 func TestConformanceCompat(t *testing.T) {
-	conformance.Run(t, newHarness(t, true))
+	runConformance(t, true, conformance.Config{Chaos: 10 * time.Second})
 }

@@ -2,20 +2,49 @@ package redlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
+	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/redlock"
 )
 
 // harness gives every locker its own go-redis clients, one per node, each
 // dialling its node through a faultnet proxy of its own; the Faults it
-// returns act on all of that locker's proxies at once.
+// returns act on all of that locker's proxies at once. Its ServerFaults
+// pause and restart (without persistence) the nodes listed in faulted, all
+// at once.
 type harness struct {
-	c      *cluster
-	compat bool
+	c       *cluster
+	compat  bool
+	faulted []int
+}
+
+func (h harness) PauseServer(ctx context.Context) error {
+	return h.onFaulted(ctx, (*servers.Server).Pause)
+}
+
+func (h harness) ResumeServer(ctx context.Context) error {
+	return h.onFaulted(ctx, (*servers.Server).Unpause)
+}
+
+func (h harness) RestartServer(ctx context.Context) error {
+	return h.onFaulted(ctx, (*servers.Server).Restart)
+}
+
+func (h harness) onFaulted(ctx context.Context, op func(*servers.Server, context.Context) error) error {
+	errs := make([]error, len(h.faulted))
+	var wg sync.WaitGroup
+	for k, i := range h.faulted {
+		wg.Go(func() { errs[k] = op(h.c.srvs[i], ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
@@ -52,12 +81,23 @@ func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
 	return left, nil
 }
 
-// The default layout on 5 nodes.
+// The default layout on 5 nodes; the Chaos section breaks a minority of
+// them (2), so that locks are granted during server faults.
 func TestConformance(t *testing.T) {
-	conformance.Run(t, harness{c: newCluster(t, 5, nil)})
+	conformance.RunConfig(t, harness{c: newCluster(t, 5, nil), faulted: []int{3, 4}},
+		conformance.Config{PartialServerFaults: true})
 }
 
-// The compat layout on 3 nodes.
+// The Chaos section again with a majority of the 5 nodes (3) broken at
+// once: nothing is granted while they are paused, and every locker is
+// granted again after they are back.
+func TestConformanceMajority(t *testing.T) {
+	conformance.RunChaos(t, harness{c: newCluster(t, 5, nil), faulted: []int{2, 3, 4}},
+		conformance.Config{Chaos: 15 * time.Second})
+}
+
+// The compat layout on 3 nodes, one of which the Chaos section breaks.
 func TestConformanceCompat(t *testing.T) {
-	conformance.Run(t, harness{c: newCluster(t, 3, nil), compat: true})
+	conformance.RunConfig(t, harness{c: newCluster(t, 3, nil), compat: true, faulted: []int{2}},
+		conformance.Config{PartialServerFaults: true, Chaos: 10 * time.Second})
 }

@@ -3,12 +3,15 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
+	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/zookeeper"
 	"github.com/go-zookeeper/zk"
 )
@@ -41,15 +44,32 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 	return l, p
 }
 
-// Residue lists the lock nodes left under the name's node. The name's node
-// itself is a container, which the server deletes once it is empty
+// Residue lists every node left under the name's node, lock holders' and
+// waiters' alike, with its owner session: a node that outlives every lease
+// and wait while its session lives is orphaned waiter state. The name's
+// node itself is a container, which the server deletes once it is empty
 // (TestContainersVanish checks that).
 func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
-	children, _, err := h.raw.Children(zookeeper.LockPath(h.root, name))
+	parent := zookeeper.LockPath(h.root, name)
+	children, _, err := h.raw.Children(parent)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, nil
 	}
-	return children, err
+	if err != nil {
+		return nil, err
+	}
+	var left []string
+	for _, c := range children {
+		_, st, err := h.raw.Get(parent + "/" + c)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			continue // gone meanwhile
+		case err != nil:
+			return nil, err
+		}
+		left = append(left, fmt.Sprintf("%s (session %#x)", c, st.EphemeralOwner))
+	}
+	return left, nil
 }
 
 func newHarness(t *testing.T) harness {
@@ -57,6 +77,26 @@ func newHarness(t *testing.T) harness {
 	return harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr(), 10*time.Second), root: "/dlock-conformance"}
 }
 
+// ownServer is a harness on a server of the test's own, which the suite's
+// Chaos section may pause and restart.
+type ownServer struct {
+	harness
+	srv *servers.Server
+}
+
+func (h ownServer) PauseServer(ctx context.Context) error   { return h.srv.Pause(ctx) }
+func (h ownServer) ResumeServer(ctx context.Context) error  { return h.srv.Unpause(ctx) }
+func (h ownServer) RestartServer(ctx context.Context) error { return h.srv.Restart(ctx) }
+
+// The suite runs on a server of its own, so that the Chaos section can pause
+// and restart it; on an external server (DLOCK_ZOOKEEPER_ADDR) it runs
+// without server faults.
 func TestConformance(t *testing.T) {
-	conformance.Run(t, newHarness(t))
+	if os.Getenv("DLOCK_ZOOKEEPER_ADDR") != "" {
+		conformance.Run(t, newHarness(t))
+		return
+	}
+	srv := servers.RequireNewWith(t, servers.ZooKeeper, fastConfig)
+	h := harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr(), 10*time.Second), root: "/dlock-conformance"}
+	conformance.Run(t, ownServer{h, srv})
 }
