@@ -256,7 +256,7 @@ func testChaos(s *suite) {
 		acqErrs: map[string]int{}, examples: map[string]string{}, relErrs: map[string]int{}, lastErrs: map[int]string{},
 	}
 	r.srv, _ = s.h.(ServerFaults)
-	lockers := make([]dlock.Locker, chaosClients)
+	lockers := make([]*dlock.Locker, chaosClients)
 	r.faults = make([]Faults, chaosClients)
 	for i := range lockers {
 		lockers[i], r.faults[i] = s.locker(s.opts())
@@ -264,7 +264,7 @@ func testChaos(s *suite) {
 	r.run(lockers, d)
 }
 
-func (r *chaosRun) run(lockers []dlock.Locker, d time.Duration) {
+func (r *chaosRun) run(lockers []*dlock.Locker, d time.Duration) {
 	s := r.s
 	ttl := s.cfg.TTL
 	// The clients loop until stop is closed (end of the fault phase for
@@ -387,7 +387,7 @@ wait:
 // client loops Acquire → fenced write → hold → fenced write → Release on
 // the run's name until ctx ends, or, after the last heal, until it has been
 // granted once (closing recovered).
-func (r *chaosRun) client(ctx context.Context, i int, l dlock.Locker, rng *rand.Rand, recovered chan struct{}) {
+func (r *chaosRun) client(ctx context.Context, i int, l *dlock.Locker, rng *rand.Rand, recovered chan struct{}) {
 	s := r.s
 	ttl := s.cfg.TTL
 	for ctx.Err() == nil {
