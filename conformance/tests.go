@@ -867,9 +867,11 @@ func testMinTTL(s *suite) {
 		took := time.Since(start)
 		switch {
 		case err == nil:
-			// It may have expired already: ErrNotHeld is fine.
+			// It may have expired already: ErrNotHeld is fine. Other
+			// errors are logged, not failed: what is checked here is the
+			// grant, and the lock is gone within MinTTL anyway.
 			if err := ls.Release(s.ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
-				s.t.Fatalf("Release of the MinTTL lease: %v", err)
+				s.t.Logf("Release of the lease with TTL = MinTTL %v: %v", minTTL, err)
 			}
 			return
 		case errors.Is(err, dlock.ErrNotAcquired):
@@ -884,7 +886,7 @@ func testMinTTL(s *suite) {
 			slow = append(slow, fmt.Sprintf("%v after %v", err, took))
 		}
 	}
-	s.t.Skipf("the machine is too slow to tell whether MinTTL %v can be granted; none of the errors read as held by someone else: %v", minTTL, slow)
+	s.t.Skipf("the machine is too slow to tell whether MinTTL %v can be granted: %d attempts failed, none with an error that reads as held by someone else; the last: %s", minTTL, len(slow), slow[len(slow)-1])
 }
 
 func needFIFO(c dlock.Capabilities) string {
