@@ -3,6 +3,7 @@ package etcd
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -63,6 +64,11 @@ func (d *driver) Ping(ctx context.Context) error {
 		}
 	}
 	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("etcd: connecting to %s: %w", d.addr, err)
+	}
+	// gRPC retries a refused connection until DialTimeout: when no endpoint
+	// accepts a TCP connection at all, say so at once.
+	if err := dialAny(ctx, cfg.Endpoints, cfg.DialTimeout); err != nil {
 		return fmt.Errorf("etcd: connecting to %s: %w", d.addr, err)
 	}
 	client, err := clientv3.New(cfg) // authenticates, bounded by DialTimeout
@@ -195,4 +201,36 @@ func (c serverNameCreds) Clone() grpccreds.TransportCredentials {
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: etcd: %s", dlock.ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// dialAny returns nil as soon as one of the endpoints accepts a TCP
+// connection, and otherwise the errors of all of them (which name the
+// addresses), bounded by ctx and timeout.
+func dialAny(ctx context.Context, endpoints []string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	errs := make(chan error, len(endpoints))
+	for _, ep := range endpoints {
+		go func() {
+			host := ep
+			if u, err := url.Parse(ep); err == nil && u.Host != "" {
+				host = u.Host // "https://h:2379" forms
+			}
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", host)
+			if err == nil {
+				_ = c.Close()
+			}
+			errs <- err
+		}()
+	}
+	var all []error
+	for range endpoints {
+		err := <-errs
+		if err == nil {
+			return nil
+		}
+		all = append(all, err)
+	}
+	return errors.Join(all...)
 }

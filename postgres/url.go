@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
 
 	"github.com/dlock/dlock"
@@ -69,41 +68,15 @@ func ParseURL(u *url.URL) (*pgxpool.Config, *Options, error) {
 		return nil, nil, err
 	}
 	opts := &Options{Defaults: *lock}
-	take := func(key string) (string, bool, error) {
-		vals, ok := q[key]
-		if !ok {
-			return "", false, nil
-		}
-		delete(q, key)
-		if len(vals) != 1 {
-			return "", false, invalid("URL parameter %q given %d times", key, len(vals))
-		}
-		return vals[0], true, nil
+	p := dlockdriver.Params{Q: q, Driver: "postgres"}
+	opts.KeyPrefix, _ = p.Take(paramPrefix)
+	if fencing, ok := p.TakeBool(paramFencing); ok {
+		opts.NoFencing = !fencing
 	}
-	boolean := func(key string) (bool, bool, error) {
-		v, ok, err := take(key)
-		if !ok || err != nil {
-			return false, ok, err
-		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return false, true, invalid("URL parameter %s=%q is not a boolean", key, v)
-		}
-		return b, true, nil
-	}
-	if opts.KeyPrefix, _, err = take(paramPrefix); err != nil {
-		return nil, nil, err
-	}
-	fencing, ok, err := boolean(paramFencing)
-	if err != nil {
-		return nil, nil, err
-	}
-	opts.NoFencing = ok && !fencing
-	if opts.FenceSchema, _, err = take(paramFenceSchema); err != nil {
-		return nil, nil, err
-	}
-	if opts.SessionPooler, _, err = boolean(paramSessionPooler); err != nil {
-		return nil, nil, err
+	opts.FenceSchema, _ = p.Take(paramFenceSchema)
+	opts.SessionPooler, _ = p.TakeBool(paramSessionPooler)
+	if p.Err != nil { // what is left goes to pgx, which knows its parameters
+		return nil, nil, p.Err
 	}
 	_, sized := q["pool_max_conns"]
 

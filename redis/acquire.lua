@@ -38,7 +38,17 @@
 --                           (-1: no expiry), counter the fencing counter now
 --
 -- The counter is the current holder's fence: every grant SETs the lock and
--- INCRs the counter in one script, and nothing else changes either.
+-- advances the counter in one script, and nothing else changes either.
+--
+-- A grant advances the counter with INCR; a missing counter (the name's
+-- first use, a restart without persistence, an eviction or a DEL) starts at
+-- the server's TIME in µs instead. A grant takes at least one script run,
+-- and a script run takes more than a µs of server time, so a counter never
+-- outruns the µs elapsed since it started: one that was lost starts again
+-- above every token handed out before, as long as the server's clock has
+-- not gone back by more than the time since then. A counter that exists
+-- keeps counting from where it is (one started at 1 by an earlier version
+-- too). release.lua advances it the same way.
 --
 -- A waiter's entry is "deadline_ms ttl_ms channel". When this script hands
 -- the lock to a waiter it publishes "g:<token>:<fence>" on the waiter's
@@ -55,11 +65,23 @@ if not KEYS[2] then
 	return -1 - math.max(pttl, 0)
 end
 
+-- nextFence advances the counter and returns the new fencing token.
+local function nextFence()
+	local f = redis.call("INCR", KEYS[2])
+	if f == 1 then
+		-- The counter was missing: start it at the server's clock.
+		local t = redis.call("TIME")
+		f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+		redis.call("SET", KEYS[2], string.format("%d", f))
+	end
+	return f
+end
+
 local token = ARGV[1]
 if redis.call("EXISTS", KEYS[3]) == 0 then
 	-- Nobody waits: the common, uncontended case.
 	if redis.call("SET", KEYS[1], token, "NX", "PX", ARGV[2]) then
-		return {1, redis.call("INCR", KEYS[2])}
+		return {1, nextFence()}
 	end
 end
 local head = redis.call("ZRANGE", KEYS[3], 0, 0)
@@ -101,10 +123,10 @@ if not cur then
 		redis.call("SET", KEYS[1], token, "PX", ARGV[2])
 		redis.call("ZREM", KEYS[3], token)
 		redis.call("HDEL", KEYS[4], token)
-		return {1, redis.call("INCR", KEYS[2])}
+		return {1, nextFence()}
 	end
 	redis.call("SET", KEYS[1], first, "PX", firstTTL)
-	local f = redis.call("INCR", KEYS[2])
+	local f = nextFence()
 	redis.call("ZREM", KEYS[3], first)
 	redis.call("HDEL", KEYS[4], first)
 	if firstChannel == "" then

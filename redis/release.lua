@@ -15,9 +15,10 @@
 -- script is also how a cancelled waiter leaves the queue (and gives back a
 -- lock handed to it meanwhile). When it deletes the lock it pops the
 -- first live waiter (deadline not passed; dead entries on the way are
--- dropped), sets the lock to that waiter's token with its TTL, INCRs the
--- counter and publishes "g:<token>:<fence>" on the waiter's grant channel
--- (its entry is "deadline_ms ttl_ms channel"; see acquire.lua). When the queue holds only dead
+-- dropped), sets the lock to that waiter's token with its TTL, advances the
+-- counter as acquire.lua does (INCR; a missing counter starts at the
+-- server's TIME in µs) and publishes "g:<token>:<fence>" on the waiter's
+-- grant channel (its entry is "deadline_ms ttl_ms channel"; see acquire.lua). When the queue holds only dead
 -- entries it deletes the lock and publishes an empty message, as in the
 -- compat layout, so that a waiter whose entry lapsed (a pause longer than its
 -- lifetime) looks again at once. With the queue empty it publishes nothing:
@@ -29,6 +30,20 @@
 -- the release, which has happened by then: waiters fall back to polling.
 -- Returns 1 when the key held the token and was deleted (or handed on), 0
 -- otherwise (gone, or another owner's).
+
+-- nextFence advances the counter and returns the new fencing token, as in
+-- acquire.lua.
+local function nextFence()
+	local f = redis.call("INCR", KEYS[2])
+	if f == 1 then
+		-- The counter was missing: start it at the server's clock.
+		local t = redis.call("TIME")
+		f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+		redis.call("SET", KEYS[2], string.format("%d", f))
+	end
+	return f
+end
+
 local held = redis.call("GET", KEYS[1]) == ARGV[1]
 if not KEYS[2] then
 	if held then
@@ -65,7 +80,7 @@ for _ = 1, 100 do
 		local deadline, ttl, ch = string.match(e, "^(%d+) (%d+) ?(.*)$")
 		if deadline and tonumber(deadline) >= now then
 			redis.call("SET", KEYS[1], w, "PX", ttl)
-			local f = redis.call("INCR", KEYS[2])
+			local f = nextFence()
 			if ch == "" then
 				ch = KEYS[1] .. ":released"
 			end

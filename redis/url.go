@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/redislog"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -24,7 +25,9 @@ func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := newDriver(goredis.NewClient(gopts), opts, true)
+	client := goredis.NewClient(gopts)
+	client.AddHook(redislog.Hook{}) // go-redis logs nothing of this client's to stderr
+	d := newDriver(client, opts, true)
 	d.addr = dlockdriver.RedactURL(u)
 	if d.compat {
 		return d, nil

@@ -1,0 +1,208 @@
+// Package redis is the dlock driver for a single Redis server (or one
+// primary with replicas), built on github.com/redis/go-redis/v9: the fastest
+// backend, with fencing tokens and FIFO handoff to queued waiters.
+//
+//	import _ "github.com/dlock/dlock/redis"
+//
+//	locker, err := dlock.Open(ctx, "redis://127.0.0.1:6379/0?ttl=10s")
+//
+// or, on the application's client:
+//
+//	locker, err := redis.New(client, nil)
+//
+// This package is named redis, as is go-redis's: code that imports both
+// names go-redis goredis (as this package and its examples do), because
+// users write redis.New for the lock and goredis.NewClient for the client.
+//
+// Guarantees in brief:
+//   - Exclusive while valid on the one node that decides; a failover to an
+//     asynchronously replicated replica can lose or duplicate a lock.
+//   - Fencing: a counter per name, incremented in the acquiring script; it
+//     keeps increasing across a restart without persistence (see Fencing).
+//   - FIFO: the release script hands the lock to the next queued waiter.
+//   - Locks survive a restart only with AOF persistence.
+//   - compat=true shares keys with redsync and bsm/redislock (no fencing,
+//     no FIFO), for a migration without a flag day.
+//
+// The sections below are the details.
+//
+// # URLs
+//
+//	redis://[user:pass@]host:port[/db][?params]
+//	rediss://[user:pass@]host:port[/db]?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem
+//
+// Parameters:
+//
+//   - The lock options of dlock.Options: ttl, refresh, refresh_interval,
+//     retry_min, retry_max, metadata (see dlock.OptionsFromQuery).
+//   - prefix=app: sets Options.KeyPrefix; compat=true sets Options.Compat.
+//   - rediss only: tls_ca (PEM file of CA certificates to trust instead of
+//     the system's), tls_cert and tls_key (PEM files of a client
+//     certificate and its key, both or neither), tls_server_name (the name
+//     to verify the server's certificate against; default the URL's host),
+//     tls_insecure_skip_verify=true (no verification: tests only). go-redis's
+//     own skip_verify is accepted too.
+//   - Everything go-redis's ParseURL accepts: dial_timeout, read_timeout,
+//     write_timeout, pool_size, max_retries, client_name, protocol, …
+//
+// An ACL user needs the scripting commands, the keys ~P* and, for notified
+// waiting, the channels &P* (P the key prefix). Without rights on the
+// channels, locks still work: releases do not announce themselves and waiters
+// poll between RetryMin and RetryMax.
+//
+// Unknown parameters are rejected. Open pings the server, bounded by its ctx,
+// so a wrong address or credential fails there; the Locker then owns the
+// client it made and closes it on Close. The client honours context deadlines
+// (ContextTimeoutEnabled).
+//
+// # Guarantees
+//
+// One Redis node decides: a lease is exclusive while it is valid (until its
+// ValidUntil), because the lock key lives on that node for the TTL and only
+// the token's owner can extend or delete it. Release and Refresh compare the
+// token first, so they never touch another holder's lock, and Refresh never
+// re-creates a lock that expired.
+//
+// What it does not survive:
+//
+//   - Failover: Redis replicates asynchronously, so a replica promoted after
+//     a primary crash may lack a lock that was granted (two holders), or
+//     still have one that was released. Protect the resource with the
+//     fencing token (Lease.Fence). The counter is replicated asynchronously
+//     too, so after a failover it may hand out a token again; a resource
+//     that accepts only tokens above the highest it has seen then refuses
+//     the second holder's writes instead of interleaving them.
+//   - Restart: the test and reference servers run without persistence, so a
+//     restart forgets every lock (a holder and the next taker may then both
+//     hold a valid lease) and every fencing counter. Fencing tokens still
+//     strictly increase across it, because a missing counter starts again at
+//     the server's clock (see Fencing). With AOF (appendonly yes, appendfsync
+//     always) locks and counters survive a restart; Capabilities reports
+//     SurvivesRestart false because that depends on the server's
+//     configuration.
+//   - Process pauses: a holder paused (GC, SIGSTOP, a VM migration) past its
+//     ValidUntil may resume believing it holds a lock that expired and was
+//     taken. The lease reports the loss, but only once the process runs
+//     again; pass Lease.Fence to the resource so that it can refuse the stale
+//     holder's writes.
+//
+// Fencing (default layout): every grant, a handoff to a queued waiter or an
+// expiry takeover included, advances the name's counter in the script that
+// sets the lock, and the lease's token (Lease.Fence) is the new value. A
+// counter that exists is INCRed. A missing one (the name's first use, or
+// lost: a restart without persistence, an eviction under an allkeys-*
+// maxmemory policy, a DEL) starts at the server's TIME in microseconds. A
+// counter grows by one per grant and a grant costs at least one script run
+// on the server, which takes longer than a microsecond, so a counter never
+// outruns the microseconds elapsed since it started; a lost counter therefore
+// starts again above every token handed out before it was lost, provided the
+// server's clock has not gone back since by more than the time that passed.
+// The assumption is the server's clock: let NTP slew it, not step it back.
+// Tokens are then microsecond-scale numbers (about 1.8e15 in 2026), far
+// inside a uint64 and exact in Lua's numbers until 2^53 (the year 2255). A
+// counter of an older version, started at 1, keeps counting from its value;
+// it jumps to the clock only when it is lost. So tokens keep increasing
+// across a restart, but not across a failover to a replica that has a stale
+// counter (above).
+//
+// Default layout: waiting is a FIFO queue on the server (Capabilities.FIFO).
+// A waiter enqueues itself (in the order the server sees its requests) and
+// keeps its entry alive; a release hands the lock straight to the first
+// live waiter (the release script sets the lock to that waiter's token and
+// counts its fence) and PUBLISHes a grant message on the channel of that
+// waiter's Locker, which hands it to that waiter alone: no herd (a grant
+// reaches one connection, however many processes wait), and no further
+// round trip before the waiter holds it.
+// A holder that expires without releasing is taken over by the first live
+// waiter, whichever waiter (or TryAcquire) finds the lock free first: a
+// TryAcquire never takes a lock ahead of a live waiter, and never enqueues.
+// A waiter whose ctx ends leaves the queue (and passes on a lock handed to it
+// meanwhile) before Acquire returns, waiting up to 250ms for the server.
+// A dead waiter (crashed, partitioned) is skipped once its entry has
+// expired; until then a release may hand it the lock, which then stays idle
+// for that lock's TTL plus at most a third of the next waiter's entry
+// lifetime (see Layout). Fencing tokens count every handoff.
+//
+// Compat layout: waiting is notified: releases PUBLISH on a channel that
+// waiters subscribe to, so a waiter retries as soon as the lock is released.
+// A lock that expires without a release publishes nothing; waiters then
+// retry when the holder's remaining TTL (read with the failed attempt) has
+// passed. Locks are not granted in arrival order.
+//
+// Both use one pub/sub connection per Locker. A channel stays subscribed
+// for 2s after its last waiter left (at most 1024 channels at a
+// time), so that a name taken in a loop costs no SUBSCRIBE per wait. If the
+// connection fails, waiters are woken to look again (a default-layout waiter
+// finds there a lock handed to it meanwhile), the connection is replaced and
+// the channels subscribed again; meanwhile they retry at the holder's
+// remaining TTL. A connection that stays silent is found out by PING within
+// seconds. A default-layout waiter that cannot subscribe at all (no rights on
+// the channel) stays queued and runs the acquire script at least every
+// 200ms to find a lock handed to it.
+//
+// A key without expiry under a lock's name (set by something else) counts as
+// held; compat waiters then poll it at Options.RetryMax, default-layout
+// waiters at the renewal interval of their entry.
+//
+// An attempt cut short by its ctx after the request went out may still have
+// taken the lock; the Locker then removes it in the background with the
+// release script and that attempt's own token, so it does not linger until
+// its TTL (unless the request itself arrives after the removal).
+//
+// # Layout
+//
+// Default layout, with P the key prefix (default "dlock:") and N the lock name:
+//
+//	P{N}            string: the lease token, with the TTL as its expiry
+//	                (SET NX PX); deleted on release
+//	P{N}:fence      integer: the fencing counter, advanced with every grant
+//	                in the same script as the SET: INCRed, or started at
+//	                the server's TIME in µs when missing (see Fencing)
+//	P{N}:queue      sorted set: the waiting tokens, scored by arrival (the
+//	                server's TIME in µs at the first enqueue; renewals keep
+//	                the place)
+//	P{N}:waiters    hash: token -> "deadline_ms ttl_ms channel", a waiter's
+//	                entry: live until deadline (server time), renewed by the
+//	                waiter; the TTL is the one the waiter asked for; the
+//	                grant channel of the waiter's Locker
+//	Pgrants:<id>    pub/sub channel of one Locker (id: 64 random bits):
+//	                "g:<token>:<fence>" when a release or an expiry takeover
+//	                hands a lock to one of its waiters
+//	P{N}:released   pub/sub channel: an empty message on a release that
+//	                found only dead entries queued (nothing when the queue is
+//	                empty: nobody waits then)
+//
+// A waiter's entry lives lifetime = max(TTL, 1s) after its last renewal;
+// waiting, it renews it at least every lifetime/3. Dead entries are dropped
+// when they reach the head of the queue. The queue and the hash vanish when
+// their last entry is removed (Redis deletes empty sets and hashes), and
+// carry an expiry at least as late as every entry's deadline, so entries
+// of waiters that died vanish even when no one comes to remove them.
+//
+// The counter's value is always the current holder's fence (every grant
+// SETs the lock and advances the counter in one script, nothing else changes
+// either): a waiter that missed its grant message finds the lock holding
+// its token and reads its fence there.
+//
+// The braces make N (up to any "}" in it) the hash tag, so a lock, its
+// counter and its queue share a cluster slot. The counter persists by design: it is one
+// small key per name ever locked, and it is what makes fencing tokens
+// strictly increase across holders and expiry takeovers. A counter deleted
+// (or evicted) starts again at the server's clock, so deleting one does not
+// break fencing under the clock assumption above, but every deleted counter
+// is one more place that assumption must hold.
+//
+// Compat layout (Options.Compat, URL compat=true), with P defaulting to "":
+//
+//	PN              string: the lease token, SET NX PX, compare-and-delete
+//	PN:released     pub/sub channel: an empty message on every release
+//
+// This is the layout of github.com/go-redsync/redsync/v4 (one pool) and
+// github.com/bsm/redislock, so dlock, redsync and redislock locks on the same
+// name exclude each other. There is no fencing counter, so Capabilities
+// reports no Fencing. redsync and redislock do not publish when they release:
+// a dlock waiter behind one of their locks retries at the holder's remaining
+// TTL.
+//
+// Lock metadata (Options.Metadata) is not stored.
+package redis
