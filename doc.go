@@ -57,7 +57,8 @@
 //
 // Match with errors.Is: ErrNotAcquired (busy, or the wait ended), ErrNotHeld
 // (ErrLost, ErrReleased), ErrClosed, ErrInvalid (bad input, reported before
-// any I/O). Credentials from URLs never appear in errors.
+// any I/O), ErrGrantExpired (granted, but the reply came too late for the
+// TTL: not busy). Credentials from URLs never appear in errors.
 //
 // # Choosing a backend
 //

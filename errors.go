@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/dlock/dlock/driver"
@@ -13,6 +14,17 @@ var (
 	// ended before the lock was granted (Acquire; the error then also matches
 	// the context's error).
 	ErrNotAcquired = driver.ErrNotAcquired
+
+	// ErrGrantExpired: the backend granted the lock, but by the time its reply
+	// arrived the grant's validity (the TTL minus the drift margin, counted
+	// from when the request was sent) had passed, so the lock was given back
+	// at once. The round trip took longer than the TTL allows: the TTL is too
+	// short for this backend or the process was stalled. It does not match
+	// ErrNotAcquired: it says nothing about another holder. TryAcquire
+	// returns it; Acquire tries again (after RetryMin, doubling up to
+	// RetryMax) until ctx ends, and its error then matches ErrNotAcquired,
+	// ctx.Err() and ErrGrantExpired.
+	ErrGrantExpired = errors.New("dlock: grant expired before it arrived")
 
 	// ErrNotHeld: the lease does not hold its lock (any more). ErrLost and
 	// ErrReleased both match it.

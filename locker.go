@@ -72,7 +72,9 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts *Options) (*Leas
 }
 
 // TryAcquire makes exactly one attempt; it returns an error matching
-// ErrNotAcquired if someone else holds the lock. ctx bounds the attempt.
+// ErrNotAcquired if someone else holds the lock, and ErrGrantExpired if the
+// lock was granted but the grant took longer than its TTL allows to arrive.
+// ctx bounds the attempt.
 func (l *Locker) TryAcquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
 	return l.acquire(ctx, name, opts, false)
 }
@@ -125,11 +127,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts *Options, wait b
 	case !wait:
 		g, sent, err = l.attempt(actx, req)
 	case l.waiter != nil:
-		sent = time.Now()
-		g, err = l.waiter.Acquire(actx, req)
-		if err == nil {
-			sent, err = l.checkValidity(ctx, req, g, sent)
-		}
+		g, sent, err = l.queue(actx, &req, o)
 	default:
 		g, sent, err = l.poll(actx, &req, o)
 	}
@@ -153,9 +151,46 @@ func waitError(ctx, actx context.Context, err error) error {
 	return err
 }
 
+// queue is the waiting for drivers whose backend queues waiters: one
+// Waiter.Acquire, and when the grant arrives already expired (given back by
+// checkValidity), another one with a new token after a backoff, until ctx
+// ends.
+func (l *Locker) queue(ctx context.Context, req *driver.Request, o Options) (*driver.Grant, time.Time, error) {
+	backoff := o.RetryMin
+	var expired error
+	for first := true; ; first = false {
+		if !first {
+			req.Token = newToken()
+		}
+		sent := time.Now()
+		g, err := l.waiter.Acquire(ctx, *req)
+		if err == nil {
+			if sent, err = l.checkValidity(ctx, *req, g, sent); err == nil {
+				return g, sent, nil
+			}
+		}
+		if !errors.Is(err, ErrGrantExpired) {
+			if expired != nil {
+				err = errors.Join(err, expired)
+			}
+			return nil, sent, err
+		}
+		expired = err
+		var delay time.Duration
+		delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
+		timer := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, sent, errors.Join(ErrNotAcquired, expired)
+		case <-timer.C:
+		}
+	}
+}
+
 // attempt makes one TryAcquire and checks that the grant is still valid
 // once the reply is in: a grant that took longer than its validity is given
-// back and reported as not acquired.
+// back and reported with ErrGrantExpired.
 func (l *Locker) attempt(ctx context.Context, req driver.Request) (*driver.Grant, time.Time, error) {
 	sent := time.Now()
 	g, err := l.d.TryAcquire(ctx, req)
@@ -177,13 +212,17 @@ func (l *Locker) checkValidity(ctx context.Context, req driver.Request, g *drive
 	if !g.Sent.IsZero() {
 		sent = g.Sent
 	}
-	if time.Now().Before(validUntil(sent, req.TTL, g)) {
+	now, until := time.Now(), validUntil(sent, req.TTL, g)
+	if now.Before(until) {
 		return sent, nil
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), req.TTL)
 	defer cancel()
 	_ = g.Handle.Release(rctx) // best effort: it expires anyway
-	return sent, fmt.Errorf("%w: the grant arrived after its validity had passed (acquire took longer than TTL minus drift)", ErrNotAcquired)
+	// Not ErrNotAcquired: nobody else holds the lock, the TTL is too short
+	// for the time the grant took.
+	return sent, fmt.Errorf("%w: %q was granted, but the reply came %v after the request was sent, past the grant's validity of %v (TTL minus drift margin); given back",
+		ErrGrantExpired, req.Name, now.Sub(sent).Round(time.Microsecond), until.Sub(sent))
 }
 
 // abandon removes, in the background, a lock that a failed attempt may have
@@ -247,8 +286,11 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 					delay = busy.RetryAfter + time.Millisecond
 				}
 			}
-		case errors.Is(err, ErrNotAcquired):
-			delay = 0 // the grant expired on the way: try again at once
+		case errors.Is(err, ErrGrantExpired):
+			// The grant took longer than the TTL allows: again, after a
+			// backoff (at once could spin while the TTL stays too short).
+			lastErr = err
+			delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
 		case errors.Is(err, ErrInvalid), errors.Is(err, ErrClosed):
 			return nil, sent, err
 		default: // a backend error: keep trying until ctx ends

@@ -25,7 +25,9 @@ const (
 // parameter named in its comment.
 type Options struct {
 	// TTL is how long the lock lives on the server unless refreshed
-	// (URL: ttl=10s). Default 15s.
+	// (URL: ttl=10s). Default 15s: zero means the default, a negative TTL or
+	// one below Capabilities.MinTTL is ErrInvalid. In a URL the value must be
+	// positive (ttl=0s is rejected; leave the parameter out for the default).
 	TTL time.Duration
 
 	// NoRefresh turns the watchdog off (URL: refresh=false). By default a

@@ -152,8 +152,14 @@ type driver struct {
 	link *Link
 }
 
+// MinTTL is the shortest TTL the driver accepts. The store itself could
+// keep shorter locks, but a grant is valid for the TTL minus dlock's drift
+// margin (TTL/100 + 2ms): at 10ms that leaves 7.9ms for the grant to reach
+// its Locker, while a TTL of 2ms or less could never be granted at all.
+const MinTTL = 10 * time.Millisecond
+
 func (d *driver) Capabilities() dlock.Capabilities {
-	return dlock.Capabilities{Fencing: true, NotifiedWait: true, MinTTL: time.Millisecond}
+	return dlock.Capabilities{Fencing: true, NotifiedWait: true, MinTTL: MinTTL}
 }
 
 func (d *driver) Close() error { return nil }
