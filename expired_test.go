@@ -117,3 +117,24 @@ func TestMemoryMinTTLGrantable(t *testing.T) {
 	}
 	t.Fatalf("TryAcquire with TTL = MinTTL %v on a free name failed 5 times: %v", minTTL, err2)
 }
+
+// TestTTLBelowDriftRejected: a TTL the drift margin would leave no validity
+// for is ErrInvalid before any attempt, even on a driver declaring no
+// minimum.
+func TestTTLBelowDriftRejected(t *testing.T) {
+	d := &lateDriver{}
+	l, err := dlock.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	for _, ttl := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond} {
+		_, err := l.TryAcquire(context.Background(), "x", &dlock.Options{TTL: ttl})
+		if !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("TTL %v: got %v, want ErrInvalid", ttl, err)
+		}
+	}
+	if n := d.attempts.Load(); n != 0 {
+		t.Errorf("the driver saw %d attempts; want none", n)
+	}
+}

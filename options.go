@@ -57,6 +57,11 @@ type Options struct {
 	Metadata string
 }
 
+// minTTL is the shortest TTL any Locker accepts: a grant's validity is its
+// TTL less the drift margin (TTL/100 + 2ms), which must leave a few
+// milliseconds.
+const minTTL = 5 * time.Millisecond
+
 // resolve merges o over defaults over the package defaults and validates the
 // result against the driver's capabilities.
 func (o *Options) resolve(defaults *Options, caps Capabilities) (Options, error) {
@@ -108,8 +113,10 @@ func (o *Options) validate(caps Capabilities) error {
 		return invalid("TTL %v is not positive", o.TTL)
 	case o.TTL < caps.MinTTL:
 		return invalid("TTL %v is below the backend's minimum %v", o.TTL, caps.MinTTL)
-	case o.TTL < time.Millisecond:
-		return invalid("TTL %v is below 1ms", o.TTL)
+	case o.TTL < minTTL:
+		// Below it the drift margin (TTL/100 + 2ms) leaves no validity: no
+		// grant could ever be valid, whatever the driver declares.
+		return invalid("TTL %v is below %v, the shortest whose validity outlasts the clock drift margin", o.TTL, minTTL)
 	case o.RefreshInterval < 0 || o.RefreshInterval >= o.TTL:
 		return invalid("refresh interval %v must be positive and below the TTL %v", o.RefreshInterval, o.TTL)
 	case o.RetryMin < 0 || o.RetryMax < o.RetryMin:
