@@ -204,6 +204,9 @@ func Connect(ctx context.Context, servers []string, opts *Options) (dlock.Locker
 	}
 	d.caps.MinTTL = minTTL
 	d.caps.ExpirySlack = minTTL
+	if testHookConnected != nil {
+		testHookConnected(d)
+	}
 	l, err := dlock.New(d, &o.Lock)
 	if err != nil {
 		_ = d.Close()
@@ -211,6 +214,9 @@ func Connect(ctx context.Context, servers []string, opts *Options) (dlock.Locker
 	}
 	return l, nil
 }
+
+// testHookConnected, when set by a test, is given each driver Connect makes.
+var testHookConnected func(*driver)
 
 // New returns a Locker that keeps its lock nodes in the session of the
 // application's connection. opts.SessionTimeout must be that session's
@@ -278,6 +284,7 @@ func newDriver(opts *Options) (*driver, Options, error) {
 		sessions: map[int32]*session{},
 		open:     map[*session]struct{}{},
 		handles:  map[*handle]struct{}{},
+		claims:   map[string]*claim{},
 		caps: dlock.Capabilities{
 			Fencing:         true,
 			FIFO:            true,
@@ -312,7 +319,10 @@ type driver struct {
 	maxMs    int32                 // the server's maximum session timeout, once learnt
 	handles  map[*handle]struct{}
 	closed   bool
-	bg       sync.WaitGroup // cleanups and idle session closes
+	bg       sync.WaitGroup // cleanups, sweeps and idle session closes
+
+	cmu    sync.Mutex
+	claims map[string]*claim // by GUID: acquisitions and their leases (see claim)
 }
 
 func (d *driver) Capabilities() dlock.Capabilities { return d.caps }
