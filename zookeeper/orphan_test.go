@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,6 +41,9 @@ func lockNodes(raw *zk.Conn, name string) ([]string, error) {
 	}
 	var out []string
 	for _, c := range children {
+		if !strings.Contains(c, "lock-") {
+			continue
+		}
 		ok, st, err := raw.Exists(parent + "/" + c)
 		if err != nil {
 			return nil, err
@@ -449,11 +453,13 @@ func TestOrphanSweptOnResume(t *testing.T) {
 	freeFor(t, srv.Addr(), name, 10*time.Second)
 }
 
-// TestOrphanPause: the server is paused for longer than the TTL while
-// several Lockers loop on one name (one holds, the others wait), then
-// unpaused. The sessions expire or resume, the leases end, the Lockers'
-// acquisitions made meanwhile go to the new sessions; every Locker is
-// granted again after the pause, and nothing is left once they stop.
+// TestOrphanPause: the server is paused while several Lockers loop on one
+// name (one holds, the others wait), and their paths to it are cut meanwhile
+// so that they do not reconnect at once when it comes back (a reconnection
+// that reaches the server before its expiry thread runs would revive the
+// session). It then expires their sessions. Acquisitions made during the
+// pause, queued in go-zookeeper, go to the new sessions when the paths heal:
+// every Locker is granted again, and nothing is left once they stop.
 func TestOrphanPause(t *testing.T) {
 	t.Cleanup(zookeeper.SetIdleAfter(time.Minute)) // no idle session closes, which would take orphans along
 	srv := servers.RequireNewWith(t, servers.ZooKeeper, fastConfig)
@@ -463,32 +469,57 @@ func TestOrphanPause(t *testing.T) {
 	const n = 4
 	raw := rawConn(t, srv.Addr(), 30*time.Second)
 	name := "pause-" + randomHex(4)
+	proxies := make([]*faultnet.Proxy, n)
 	lockers := make([]dlock.Locker, n)
 	for i := range lockers {
-		lockers[i] = connect(t, srv.Addr(), withTTL(ttl))
+		p, err := faultnet.Listen(srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		proxies[i] = p
+		lockers[i] = connect(t, p.Addr(), withTTL(ttl))
 	}
 	var (
-		unpaused atomic.Int64 // unix nanoseconds
-		after    [n]atomic.Int64
-		wg       sync.WaitGroup
+		healed atomic.Int64 // unix nanoseconds
+		after  [n]atomic.Int64
+		wg     sync.WaitGroup
 	)
 	loopCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	for i, l := range lockers {
-		wg.Go(func() { loop(loopCtx, l, name, func() { after[i].Add(1) }, &unpaused) })
+		wg.Go(func() { loop(loopCtx, l, name, func() { after[i].Add(1) }, &healed) })
 	}
 	waitFor(t, 30*time.Second, "queue of three", func() bool {
 		nodes, _ := lockNodes(raw, name)
 		return len(nodes) >= 3
 	})
+	// Another node keeps the name's node from being deleted when the
+	// sessions' lock nodes go, as another client's would.
+	keep := zookeeper.LockPath("", name) + "/keep"
+	if _, err := raw.Create(keep, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = raw.Delete(keep, -1) }()
 	if err := srv.Pause(ctx); err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range proxies {
+		p.Blackhole()
 	}
 	time.Sleep(2500 * time.Millisecond) // the fault: longer than the TTL
 	if err := srv.Unpause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	unpaused.Store(time.Now().UnixNano())
+	// The server expires the sessions, and their nodes go with them.
+	waitFor(t, 30*time.Second, "expiry of the sessions", func() bool {
+		nodes, err := lockNodes(raw, name)
+		return err == nil && len(nodes) == 0
+	})
+	for _, p := range proxies {
+		p.Heal()
+	}
+	healed.Store(time.Now().UnixNano())
 	waitFor(t, 30*time.Second, "grant to every Locker after the pause", func() bool {
 		for i := range after {
 			if after[i].Load() == 0 {
@@ -626,9 +657,10 @@ func TestOrphanChaos(t *testing.T) {
 		hold := time.Duration(100+rng.IntN(1400)) * time.Millisecond
 		switch k := rng.IntN(10); {
 		case k < 3:
+			// Up to three TTLs: the session may expire meanwhile.
 			faults["blackhole"]++
 			proxies[i].Blackhole()
-			time.Sleep(hold)
+			time.Sleep(2 * hold)
 			proxies[i].Heal()
 		case k < 6:
 			faults["reset"]++
