@@ -1,6 +1,14 @@
 package zookeeper
 
-import "time"
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/go-zookeeper/zk"
+)
 
 // SetIdleAfter replaces how long an unused session stays open, for a test;
 // it returns a function restoring it.
@@ -8,4 +16,42 @@ func SetIdleAfter(d time.Duration) (restore func()) {
 	old := idleAfter
 	idleAfter = func(time.Duration) time.Duration { return d }
 	return func() { idleAfter = old }
+}
+
+// ConnectWithOrphans is Connect, also returning a function that creates, in
+// the Locker's session for ttl, a lock node under name that no acquisition
+// tracks (as a create whose outcome was lost leaves one), and returns its
+// path.
+func ConnectWithOrphans(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, func(ctx context.Context, name string, ttl time.Duration) (string, error), error) {
+	var d *driver
+	testHookConnected = func(dd *driver) { d = dd }
+	defer func() { testHookConnected = nil }()
+	l, err := Connect(ctx, servers, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	orphan := func(ctx context.Context, name string, ttl time.Duration) (string, error) {
+		s, err := d.session(ctx, ttl)
+		if err != nil {
+			return "", err
+		}
+		defer s.unref()
+		parent := d.parent(name)
+		if err := d.makeParent(ctx, s, parent); err != nil {
+			return "", err
+		}
+		var p string
+		err = s.do(ctx, func() (err error) {
+			p, err = s.conn.Create(nodePrefix(parent, "orphan"+randomGUID()), nil, zk.FlagEphemeralSequential, d.acl)
+			return err
+		}, nil)
+		return p, err
+	}
+	return l, orphan, nil
+}
+
+func randomGUID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

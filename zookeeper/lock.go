@@ -43,16 +43,16 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool
 		return nil, err
 	}
 	called := time.Now()
-	parent := d.parent(req.Name)
+	c := d.claim(req.Token, d.parent(req.Name), s)
 	var b backoff
 	for requeued := 0; ; {
 		var n node
-		n, err = d.create(ctx, s, parent, req.Token, []byte(req.Metadata))
+		n, err = d.create(ctx, s, c, []byte(req.Metadata))
 		if err == nil {
 			var g *dlockdriver.Grant
-			g, err = d.queue(ctx, s, parent, n, req, wait, called)
+			g, err = d.queue(ctx, s, c, n, req, wait, called)
 			if err == nil {
-				return g, nil // the lease keeps the session's count
+				return g, nil // the lease keeps the session's count and the claim
 			}
 			if errors.Is(err, errRequeue) && (wait || requeued < 2) {
 				requeued++
@@ -63,23 +63,28 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool
 			break
 		}
 	}
+	d.leave(c, req.TTL)
 	s.unref()
 	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 		return nil, err
 	}
-	return nil, fmt.Errorf("zookeeper: acquiring %s: %w", parent, err)
+	return nil, fmt.Errorf("zookeeper: acquiring %s: %w", c.parent, err)
 }
 
-// create adds the attempt's node under parent, creating parent (and the
-// root) when missing. The node is created in a multi-op with an empty
-// setData on parent, whose reply carries the transaction's zxid: the node's
-// czxid, without another round trip.
+// create adds the attempt's node under c's parent, creating the parent (and
+// the root) when missing, and makes it c's tracked node. The node is
+// created in a multi-op with an empty setData on the parent, whose reply
+// carries the transaction's zxid: the node's czxid, without another round
+// trip.
 //
-// When the reply is lost the node is looked for by its GUID, so that it is
-// neither created twice nor left behind; when ctx ends with the create in
-// flight, its outcome is cleaned up in the background.
-func (d *driver) create(ctx context.Context, s *session, parent, guid string, data []byte) (node, error) {
-	prefix := nodePrefix(parent, guid)
+// When the outcome is lost, the node is looked for by its GUID (see find).
+// A create sent for one generation may run in the next: go-zookeeper keeps
+// the requests made while it reconnects and sends them on the session it
+// then has, a new one when the old one expired. The node is then the new
+// generation's. When ctx ends with the create in flight, its outcome is
+// deleted in the background.
+func (d *driver) create(ctx context.Context, s *session, c *claim, data []byte) (node, error) {
+	prefix := nodePrefix(c.parent, c.guid)
 	for tries := 0; ; tries++ {
 		g := s.live()
 		if g == nil {
@@ -89,60 +94,71 @@ func (d *driver) create(ctx context.Context, s *session, parent, guid string, da
 		err := s.do(ctx, func() (err error) {
 			res, err = s.conn.Multi(
 				&zk.CreateRequest{Path: prefix, Data: data, Acl: d.acl, Flags: zk.FlagEphemeralSequential},
-				&zk.SetDataRequest{Path: parent, Version: -1},
+				&zk.SetDataRequest{Path: c.parent, Version: -1},
 			)
 			return err
 		}, func(err error) {
+			// The attempt is over (its ctx ended): no other create of the
+			// GUID follows, and its claim is gone or going.
 			switch {
 			case err == nil:
-				d.reap(s, g, res[0].String, "", "")
-			case errors.Is(err, zk.ErrConnectionClosed):
-				d.reap(s, g, "", parent, guid)
+				d.reap(s, s.live(), res[0].String)
+			case inDoubt(err):
+				d.reapGUID(s, c.parent, c.guid)
 			}
 		})
 		switch {
 		case err == nil:
-			n := node{path: res[0].String, child: path.Base(res[0].String), czxid: res[1].Stat.Mzxid, gen: g}
-			if !s.isLive(g) { // the session ended meanwhile, and the node with it
+			// The node is in the generation live now (the reply came on its
+			// connection), or gone with it if none is.
+			n := node{path: res[0].String, child: path.Base(res[0].String), czxid: res[1].Stat.Mzxid, gen: s.live()}
+			if n.gen == nil {
 				return node{}, errNoSession
 			}
+			d.adopt(c, n, true)
 			return n, nil
 		case errors.Is(err, zk.ErrNoNode) && tries < 4:
-			if err := d.makeParent(ctx, s, parent); err != nil {
+			if err := d.makeParent(ctx, s, c.parent); err != nil {
 				return node{}, err
 			}
-		case errors.Is(err, zk.ErrConnectionClosed):
-			n, found, err := d.find(ctx, s, g, parent, guid)
+		case inDoubt(err):
+			d.doubt(c)
+			n, found, err := d.find(ctx, s, c)
 			if err != nil || found {
 				return n, err
 			}
-			// Not created: try again.
+			// Not created, or gone with its session: try again.
 		default:
 			return node{}, err
 		}
 	}
 }
 
-// find looks for the node with the given GUID under parent, after a create
-// whose reply was lost; found is false when the create did not happen. When
-// ctx ends first, a node it may have made is removed in the background.
-func (d *driver) find(ctx context.Context, s *session, g *generation, parent, guid string) (n node, found bool, err error) {
+// find looks for a node with c's GUID after a create whose outcome was lost,
+// and adopts the first in the queue that is in the live generation (others
+// are strays, which queue deletes); found is false when there is none.
+func (d *driver) find(ctx context.Context, s *session, c *claim) (n node, found bool, err error) {
 	var b backoff
 	for {
-		if !s.isLive(g) {
-			return node{}, false, nil // the node, if any, went with the session
+		g := s.live()
+		if g == nil {
+			return node{}, false, errNoSession
 		}
 		var children []string
 		err = s.do(ctx, func() (err error) {
-			children, _, err = s.conn.Children(parent)
+			children, _, err = s.conn.Children(c.parent)
 			return err
 		}, nil)
+		if errors.Is(err, zk.ErrNoNode) {
+			return node{}, false, nil
+		}
+		busy := false
 		if err == nil {
-			for _, c := range children {
-				if guidOf(c) != guid {
+			for _, q := range queue(children) {
+				if guidOf(q.name) != c.guid {
 					continue
 				}
-				p := parent + "/" + c
+				p := c.parent + "/" + q.name
 				var (
 					ok bool
 					st *zk.Stat
@@ -151,23 +167,26 @@ func (d *driver) find(ctx context.Context, s *session, g *generation, parent, gu
 					ok, st, err = s.conn.Exists(p)
 					return err
 				}, nil)
-				if err == nil {
-					if !ok || st.EphemeralOwner != g.sid {
-						return node{}, false, nil
-					}
-					return node{path: p, child: c, czxid: st.Czxid, gen: g}, true, nil
+				if err != nil {
+					break
 				}
-				break
+				if ok && st.EphemeralOwner == g.sid && s.isLive(g) {
+					n = node{path: p, child: q.name, czxid: st.Czxid, gen: g}
+					if d.adopt(c, n, false) {
+						return n, true, nil
+					}
+					busy = true // a sweep is deleting it: look again
+					break
+				}
 			}
-			if err == nil {
+			if err == nil && !busy {
 				return node{}, false, nil
 			}
 		}
-		if errors.Is(err, zk.ErrNoNode) {
-			return node{}, false, nil
-		}
-		if ctx.Err() != nil || !transient(err) || !b.sleep(ctx, g.gone) {
-			d.reap(s, g, "", parent, guid)
+		if ctx.Err() != nil || err != nil && !transient(err) || !b.sleep(ctx, nil) {
+			if err == nil {
+				err = ctx.Err()
+			}
 			return node{}, false, err
 		}
 	}
@@ -204,47 +223,69 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 	}
 }
 
-// queue waits until n is the first lock node under parent (or, without
-// wait, finds out whether it is), watching only its predecessor. When it
-// returns without a grant, n has been deleted, or is being deleted in the
-// background if that takes long.
+// queue waits until n, c's node, is the first lock node under the parent
+// (or, without wait, finds out whether it is), watching only its
+// predecessor. Every listing deletes the strays of c's GUID it shows. When it
+// returns without a grant, n is still c's tracked node (acquire deletes it)
+// unless the error is errRequeue: n is gone.
 //
 // The lease's validity counts from the call (Grant.Sent zero: the most
 // conservative choice) when the grant came within three quarters of the TTL
 // of it; otherwise (after a wait, or reconnecting) from the listing that
 // found n first. Either is safe: every request on the session, sent at that
 // time or later, restarted its timeout on the server.
-func (d *driver) queue(ctx context.Context, s *session, parent string, n node, req dlockdriver.Request, wait bool, called time.Time) (*dlockdriver.Grant, error) {
+func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dlockdriver.Request, wait bool, called time.Time) (*dlockdriver.Grant, error) {
 	var b backoff
 	for {
 		sent := time.Now()
 		var children []string
 		err := s.do(ctx, func() (err error) {
-			children, _, err = s.conn.Children(parent)
+			children, _, err = s.conn.Children(c.parent)
 			return err
 		}, nil)
 		if err == nil {
 			if !s.isLive(n.gen) {
+				d.forget(c)
 				return nil, errRequeue
 			}
 			q := queue(children)
-			i := 0
-			for i < len(q) && q[i].name != n.child {
-				i++
+			i := -1
+			strays := 0
+			for j, e := range q {
+				switch {
+				case e.name == n.child:
+					i = j
+				case guidOf(e.name) == c.guid:
+					strays++
+				}
+			}
+			if strays > 0 {
+				// Deleted here, before the wait: one of them may be the node
+				// this one would wait for.
+				d.doubt(c)
+				var rerr error
+				for _, e := range q {
+					if rerr == nil && e.name != n.child && guidOf(e.name) == c.guid {
+						rerr = d.remove(s, c.parent+"/"+e.name)
+					}
+				}
+				if rerr == nil && i > 0 {
+					continue // look again
+				}
 			}
 			switch {
-			case i == len(q): // deleted by someone else
+			case i < 0: // deleted by someone else
+				d.forget(c)
 				return nil, errRequeue
 			case i == 0:
 				if time.Since(called) <= req.TTL*3/4 {
 					sent = time.Time{}
 				}
-				return d.grant(s, n, req, sent), nil
+				return d.grant(s, c, n, req, sent), nil
 			case !wait:
-				d.leave(s, n, req.TTL)
 				return nil, dlockdriver.Busy(0)
 			}
-			pred := parent + "/" + q[i-1].name
+			pred := c.parent + "/" + q[i-1].name
 			var watch <-chan zk.Event
 			err = s.do(ctx, func() (err error) {
 				_, _, watch, err = s.conn.GetW(pred)
@@ -259,6 +300,7 @@ func (d *driver) queue(ctx context.Context, s *session, parent string, n node, r
 				case <-watch: // deleted or changed, or the watch was dropped: look again
 					continue
 				case <-n.gen.gone:
+					d.forget(c)
 					return nil, errRequeue
 				case <-ctx.Done():
 					err = ctx.Err()
@@ -266,10 +308,10 @@ func (d *driver) queue(ctx context.Context, s *session, parent string, n node, r
 			}
 		}
 		if !s.isLive(n.gen) {
+			d.forget(c)
 			return nil, errRequeue
 		}
 		if ctx.Err() != nil || !wait || !transient(err) || !b.sleep(ctx, n.gen.gone) {
-			d.leave(s, n, req.TTL)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -278,11 +320,11 @@ func (d *driver) queue(ctx context.Context, s *session, parent string, n node, r
 	}
 }
 
-// leave deletes a node whose attempt ended without the lock, waiting for it
-// up to half the TTL (at most a second); the deletion carries on in the
-// background after that.
-func (d *driver) leave(s *session, n node, ttl time.Duration) {
-	done := d.reap(s, n.gen, n.path, "", "")
+// leave ends an acquisition that was not granted: it deletes its node (after
+// a doubt, every node with its GUID), waiting for that up to half the TTL (at
+// most a second); the deletion carries on in the background after that.
+func (d *driver) leave(c *claim, ttl time.Duration) {
+	done := d.unclaim(c, true)
 	t := time.NewTimer(min(ttl/2, time.Second))
 	defer t.Stop()
 	select {
@@ -291,69 +333,15 @@ func (d *driver) leave(s *session, n node, ttl time.Duration) {
 	}
 }
 
-// reap deletes a node the driver created, in the background: the one at
-// path, or else the one with the GUID guid under parent. It retries through
-// connection trouble until the node is gone, its generation has ended (an
-// ephemeral node goes with its session) or the driver closes. The caller
-// must hold a count on s. done is closed when it is over.
-func (d *driver) reap(s *session, g *generation, path, parent, guid string) <-chan struct{} {
-	done := make(chan struct{})
-	s.ref()
-	ok := d.goBG(func() {
-		defer close(done)
-		defer s.unref()
-		var b backoff
-		for s.isLive(g) {
-			err := d.reapOnce(s, path, parent, guid)
-			if err == nil || !transient(err) || !b.sleep(d.ctx, g.gone) {
-				return
-			}
-		}
-	})
-	if !ok {
-		s.unref()
-		close(done)
-	}
-	return done
-}
-
-func (d *driver) reapOnce(s *session, path, parent, guid string) error {
-	if path == "" {
-		var children []string
-		err := s.do(d.ctx, func() (err error) {
-			children, _, err = s.conn.Children(parent)
-			return err
-		}, nil)
-		if err != nil {
-			if errors.Is(err, zk.ErrNoNode) {
-				return nil
-			}
-			return err
-		}
-		for _, c := range children {
-			if guidOf(c) == guid {
-				path = parent + "/" + c
-			}
-		}
-		if path == "" {
-			return nil
-		}
-	}
-	err := s.do(d.ctx, func() error { return s.conn.Delete(path, 0) }, nil)
-	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
-		return nil
-	}
-	return err
-}
-
 // grant makes the lease's handle for n, first in the queue as of a listing
-// sent at sent (zero: the lease counts from the call).
-func (d *driver) grant(s *session, n node, req dlockdriver.Request, sent time.Time) *dlockdriver.Grant {
+// sent at sent (zero: the lease counts from the call). The handle keeps the
+// claim.
+func (d *driver) grant(s *session, c *claim, n node, req dlockdriver.Request, sent time.Time) *dlockdriver.Grant {
 	ttl := req.TTL
 	if s.owned {
 		ttl = n.gen.timeout
 	}
-	h := &handle{d: d, path: n.path, data: []byte(req.Metadata), lost: make(chan struct{}), s: s, gen: n.gen, ttl: ttl}
+	h := &handle{d: d, c: c, path: n.path, data: []byte(req.Metadata), lost: make(chan struct{}), s: s, gen: n.gen, ttl: ttl}
 	expireAt := sent
 	if expireAt.IsZero() {
 		expireAt = time.Now()
@@ -379,6 +367,7 @@ const (
 // handle is one lease's lock node.
 type handle struct {
 	d    *driver
+	c    *claim // ended (unclaimed) when the handle is
 	path string
 	data []byte
 	lost chan struct{} // closed when the node's session ends
@@ -407,7 +396,7 @@ func (h *handle) expire() {
 	h.mu.Unlock()
 	s.unregister(h, g)
 	h.d.untrack(h)
-	h.d.reap(s, g, h.path, "", "")
+	h.d.unclaim(h.c, true)
 	s.unref()
 }
 
@@ -429,6 +418,7 @@ func (h *handle) gone(g *generation) {
 		onLost()
 	}
 	h.d.untrack(h)
+	h.d.unclaim(h.c, false) // the node went with its generation
 	s.unref()
 }
 
@@ -460,6 +450,7 @@ func (h *handle) finish(st handleState) {
 	h.mu.Unlock()
 	s.unregister(h, g)
 	h.d.untrack(h)
+	h.d.unclaim(h.c, false)
 	s.unref()
 }
 
@@ -532,7 +523,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 func (h *handle) drop(exists bool) {
 	_, s, g := h.current()
 	if exists {
-		h.d.reap(s, g, h.path, "", "")
+		h.d.reap(s, g, h.path)
 	}
 	h.finish(dropped)
 }
@@ -558,20 +549,25 @@ func (h *handle) migrate(ctx context.Context, ttl time.Duration) (time.Duration,
 	}
 	sent := time.Now()
 	apply := func(err error) (time.Duration, error) {
-		if err == nil && !ns.isLive(ng) {
-			err = zk.ErrNoNode // created in a session that ended since: gone
-		}
 		switch {
 		case err == nil:
+			cur := ns.live()
 			h.mu.Lock()
-			if h.state != held || h.gen != og {
+			if cur != ng || h.state != held || h.gen != og {
 				h.mu.Unlock()
+				// The lease ended meanwhile, or the node was created again in
+				// another generation than ng (go-zookeeper sends a request
+				// made while it reconnects on the session it then has), or
+				// gone with ng: the node is nobody's.
+				h.d.reap(ns, cur, h.path)
 				ns.unref()
+				h.finish(dropped)
 				return 0, h.notHeld("was deleted (its TTL passed, or its session ended)")
 			}
 			h.s, h.gen, h.ttl = ns, ng, ng.timeout
 			h.expiry.Reset(time.Until(sent.Add(ng.timeout)))
 			h.mu.Unlock()
+			h.d.moved(h.c, ns, ng)
 			old.unregister(h, og)
 			if !ns.register(h, ng) {
 				h.gone(ng)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -49,10 +50,12 @@ type session struct {
 		sid     int64
 		timeout int32
 	}
-	refs    int // acquisitions, leases and cleanups using the session
-	idle    *time.Timer
-	closing bool
-	calls   sync.WaitGroup // goroutines running a call on conn
+	refs       int // acquisitions, leases, cleanups and sweeps using the session
+	idle       *time.Timer
+	closing    bool
+	sweeping   bool           // owned: a sweep runs (see resumed)
+	sweepAgain bool           // owned: and another must follow it
+	calls      sync.WaitGroup // goroutines running a call on conn
 }
 
 // generation is one server-side session.
@@ -169,9 +172,13 @@ func (s *session) onEvent(ev zk.Event) {
 		s.mu.Lock()
 		hs := s.handshake
 		s.timeout = time.Duration(hs.timeout) * time.Millisecond
+		resumed := s.gen != nil && s.gen.sid == hs.sid
 		ended := s.observe(hs.sid)
 		s.mu.Unlock()
 		s.end(ended)
+		if resumed {
+			s.resumed()
+		}
 	case zk.StateExpired:
 		s.mu.Lock()
 		ended := s.observe(0)
@@ -408,9 +415,24 @@ func (s *session) do(ctx context.Context, f func() error, late func(error)) erro
 // transient reports whether err is connection or session trouble that a
 // retry may get past.
 func transient(err error) bool {
-	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer) ||
+	return inDoubt(err) || errors.Is(err, zk.ErrNoServer) ||
 		errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrSessionMoved) ||
 		errors.Is(err, errNoSession)
+}
+
+// inDoubt reports whether err leaves a request's outcome unknown: the
+// connection failed with the request sent, or perhaps sent. go-zookeeper
+// reports zk.ErrConnectionClosed for requests in flight when a connection
+// ends, and the socket's own error when writing the request failed. Errors
+// the server answered with, and zk.ErrNoServer (requests that never left),
+// are not in doubt.
+func inDoubt(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false // context.DeadlineExceeded is a net.Error too
+	}
+	var ne net.Error
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.As(err, &ne) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // backoff is a doubling, jittered delay between retries: 10ms to 1s.

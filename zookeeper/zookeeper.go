@@ -79,10 +79,21 @@
 // consecutive. A process paused past its ValidUntil still believes it holds
 // the lock until it runs again; pass Lease.Fence to the resource.
 //
-// A cancelled attempt or wait deletes its node before it returns (waiting up
-// to half the TTL, at most a second, then carrying on in the background
-// until the node is gone or its session ended). A create whose reply was
-// lost is found again by its GUID instead of being left behind.
+// Every lock node the driver creates is the live lease's, a live waiter's,
+// or deleted, whatever the fault: a node nobody holds or waits on would sit
+// in the queue, ahead of every later waiter, for as long as its session
+// lives. A cancelled attempt or wait deletes its node before it returns
+// (waiting up to half the TTL, at most a second, then carrying on in the
+// background, through connection trouble, until the node is gone or its
+// session ended: Curator's guaranteed delete). A create whose outcome was
+// lost is found again by its GUID (Curator's protected mode), and any other
+// node with the GUID is deleted; a create that go-zookeeper sent on a new
+// session after the old one expired is taken as the new session's. When a
+// session of the driver's own resumes after a disconnection, the names it
+// has locks or waiters under are swept for nodes of the session that no
+// lease or waiter tracks. A release whose delete fails leaves the lease
+// valid until its ValidUntil, as dlock documents; the driver deletes the
+// node then.
 //
 // A Locker made by New uses the application's *zk.Conn for everything: one
 // session, so TTLs above its timeout are rejected, shorter ones are enforced
@@ -219,8 +230,14 @@ func connect(ctx context.Context, servers []string, opts *Options) (*driver, Opt
 	}
 	d.caps.MinTTL = minTTL
 	d.caps.ExpirySlack = minTTL
+	if testHookConnected != nil {
+		testHookConnected(d)
+	}
 	return d, o, nil
 }
+
+// testHookConnected, when set by a test, is given each driver Connect makes.
+var testHookConnected func(*driver)
 
 // New returns a Locker that keeps its lock nodes in the session of the
 // application's connection. opts.SessionTimeout must be that session's
@@ -288,6 +305,7 @@ func newDriver(opts *Options) (*driver, Options, error) {
 		sessions: map[int32]*session{},
 		open:     map[*session]struct{}{},
 		handles:  map[*handle]struct{}{},
+		claims:   map[string]*claim{},
 		caps: dlock.Capabilities{
 			Fencing:         true,
 			FIFO:            true,
@@ -322,7 +340,10 @@ type driver struct {
 	maxMs    int32                 // the server's maximum session timeout, once learnt
 	handles  map[*handle]struct{}
 	closed   bool
-	bg       sync.WaitGroup // cleanups and idle session closes
+	bg       sync.WaitGroup // cleanups, sweeps and idle session closes
+
+	cmu    sync.Mutex
+	claims map[string]*claim // by GUID: acquisitions and their leases (see claim)
 }
 
 func (d *driver) Capabilities() dlock.Capabilities { return d.caps }
