@@ -908,7 +908,8 @@ func needFIFO(c dlock.Capabilities) string {
 // are started a stagger apart; a waiter that the machine delays by more than
 // the stagger can then overtake the one before it, so an out-of-order round
 // is run again, with twice the stagger, up to three rounds. A round
-// synchronised on events counts at once.
+// synchronised on events is run again too (a queue may drop a waiter starved
+// past its entry's life on a loaded machine), and three out of order fail.
 func testFIFO(s *suite) {
 	const waiters = 5
 	holder, _ := s.locker(s.opts())
@@ -924,13 +925,19 @@ func testFIFO(s *suite) {
 			return
 		}
 		switch {
-		case synced:
-			s.t.Fatalf("waiters 0..%d, each seen queued on the server before the next started, were granted in the order %v", waiters-1, order)
+		case synced && round == 3:
+			s.t.Fatalf("waiters 0..%d, each seen queued on the server before the next started, were granted in the order %v (and out of order in two earlier rounds)", waiters-1, order)
 		case round == 3:
 			s.t.Fatalf("waiters 0..%d, started at least %v apart, were granted in the order %v (and out of order in two earlier rounds with shorter staggers)", waiters-1, stagger, order)
+		case synced:
+			// A queue may give up on a waiter that the machine starves for
+			// longer than its entry lives; a broken queue is out of order
+			// every time.
+			s.t.Logf("round %d: waiters 0..%d, each seen queued before the next started, were granted in the order %v; again", round, waiters-1, order)
+		default:
+			s.t.Logf("round %d: waiters 0..%d started %v apart (not observable on the server) were granted in the order %v; again with twice the stagger", round, waiters-1, stagger, order)
+			stagger *= 2
 		}
-		s.t.Logf("round %d: waiters 0..%d started %v apart (not observable on the server) were granted in the order %v; again with twice the stagger", round, waiters-1, stagger, order)
-		stagger *= 2
 	}
 }
 
