@@ -3,7 +3,6 @@ package etcd
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/reach"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -68,7 +68,14 @@ func (d *driver) Ping(ctx context.Context) error {
 	}
 	// gRPC retries a refused connection until DialTimeout: when no endpoint
 	// accepts a TCP connection at all, say so at once.
-	if err := dialAny(ctx, cfg.Endpoints, cfg.DialTimeout); err != nil {
+	hosts := make([]string, len(cfg.Endpoints))
+	for i, ep := range cfg.Endpoints {
+		hosts[i] = ep
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			hosts[i] = u.Host // "https://h:2379" forms
+		}
+	}
+	if err := reach.Any(ctx, hosts, cfg.DialTimeout); err != nil {
 		return fmt.Errorf("etcd: connecting to %s: %w", d.addr, err)
 	}
 	client, err := clientv3.New(cfg) // authenticates, bounded by DialTimeout
@@ -201,36 +208,4 @@ func (c serverNameCreds) Clone() grpccreds.TransportCredentials {
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: etcd: %s", dlock.ErrInvalid, fmt.Sprintf(format, args...))
-}
-
-// dialAny returns nil as soon as one of the endpoints accepts a TCP
-// connection, and otherwise the errors of all of them (which name the
-// addresses), bounded by ctx and timeout.
-func dialAny(ctx context.Context, endpoints []string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	errs := make(chan error, len(endpoints))
-	for _, ep := range endpoints {
-		go func() {
-			host := ep
-			if u, err := url.Parse(ep); err == nil && u.Host != "" {
-				host = u.Host // "https://h:2379" forms
-			}
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "tcp", host)
-			if err == nil {
-				_ = c.Close()
-			}
-			errs <- err
-		}()
-	}
-	var all []error
-	for range endpoints {
-		err := <-errs
-		if err == nil {
-			return nil
-		}
-		all = append(all, err)
-	}
-	return errors.Join(all...)
 }

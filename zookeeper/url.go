@@ -54,17 +54,15 @@ func ParseURL(u *url.URL) ([]string, *Options, error) {
 		return nil, nil, err
 	}
 	opts := &Options{Defaults: *lock}
-	if vals, ok := q[paramACL]; ok {
-		delete(q, paramACL)
-		if len(vals) != 1 {
-			return nil, nil, invalid("URL parameter %q given %d times", paramACL, len(vals))
-		}
-		if opts.ACL, err = parseACL(vals[0]); err != nil {
+	p := dlockdriver.Params{Q: q, Driver: "zookeeper"}
+	acl, hasACL := p.Take(paramACL)
+	if err := p.Done(); err != nil {
+		return nil, nil, err
+	}
+	if hasACL {
+		if opts.ACL, err = parseACL(acl); err != nil {
 			return nil, nil, err
 		}
-	}
-	if err := dlockdriver.RejectUnknown(q); err != nil {
-		return nil, nil, err
 	}
 
 	var servers []string

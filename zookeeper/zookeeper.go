@@ -1,125 +1,3 @@
-// Package zookeeper is the dlock driver for Apache ZooKeeper, built on
-// github.com/go-zookeeper/zk: a FIFO lock queue of ephemeral-sequential
-// znodes, with fencing tokens and session-aware loss detection.
-//
-// # URLs
-//
-//	zk://[user:password@]host1:2181[,host2:2181,…][/root][?params]
-//
-// The hosts form the ensemble (port 2181 when left out). The path is the
-// root znode under which lock nodes live (default /dlock; see Layout). A
-// user and password are added to every session as digest credentials.
-// Parameters:
-//
-//   - The lock options of dlock.Options: ttl, refresh, refresh_interval,
-//     retry_min, retry_max, metadata (see dlock.OptionsFromQuery).
-//   - acl: the ACL of the znodes the driver creates. open (world:anyone,
-//     all permissions), creator (auth::cdrwa: only sessions with the same
-//     credentials), read (creator, plus read for everyone), or a
-//     comma-separated list of scheme:id:perms entries in zkCli's notation,
-//     such as world:anyone:r,digest:app:HASH=:cdrwa or ip:10.0.0.0/8:cdrwa.
-//     Default: creator with credentials in the URL, open without.
-//
-// Unknown parameters are rejected. Open connects, bounded by its ctx (see
-// Connect), so a wrong address fails there. go-zookeeper's log output is
-// discarded (Options.Logger turns it back on).
-//
-// # Guarantees
-//
-// Each lease is one ephemeral-sequential znode; the lowest one under a name
-// holds the lock, and each waiter watches only its immediate predecessor, so
-// waiters are granted in arrival order (Capabilities.FIFO) and a release wakes
-// exactly one of them. Within one ensemble a lock is held by at most one
-// session at a time: ZooKeeper's writes are linearizable, and an ephemeral
-// node lives exactly as long as its session.
-//
-// The TTL is the session timeout. A Locker made by Connect runs one session
-// per distinct TTL (its own TCP connection, shared by every lease and waiter
-// with that TTL), asks the server for the TTL as the session timeout and
-// reports the timeout the server negotiated as the lease's TTL; a TTL outside
-// the server's minSessionTimeout..maxSessionTimeout is rejected with
-// dlock.ErrInvalid (Capabilities.MinTTL is the server's minimum, learnt at
-// Connect). Refresh with another TTL moves the lock node into a session with
-// that timeout, atomically (one multi-op deletes it and creates it again under
-// the same name), keeping its place and its fencing token.
-//
-// The server drops a session, and its lock nodes, when it has not heard from
-// it for the session timeout. go-zookeeper pings the server every third of
-// it, whether or not leases are refreshed, so a lease that is not refreshed
-// (NoRefresh, or a watchdog that cannot reach the server) has its node
-// deleted by the driver once its TTL has passed since the last refresh was
-// sent. A refresh is one read of the lease's node, checking that it is still
-// there and still owned by the lease's session; the lease's ValidUntil counts
-// from when it was sent (from when Acquire was called, for a lock granted
-// without waiting), so it is never later than the moment the server could
-// expire the session.
-//
-// Session states: while go-zookeeper is disconnected (suspended), refreshes
-// fail and the lease stays valid until its ValidUntil, then reports loss; if
-// the connection comes back in time the session, its nodes and the lease
-// carry on. A server restart is survived the same way: standalone and
-// ensemble servers keep sessions on disk, and the session timeout starts
-// again when the server comes back (Capabilities.SurvivesRestart). When the
-// server expired the session, its leases are lost as soon as the driver
-// hears of it (go-zookeeper then opens a new session on the same connection;
-// nothing of the old one is ever reported as held), and its waiters queue
-// again at the end.
-//
-// What the server may keep after a holder's ValidUntil (ExpirySlack): a
-// holder cut off from the server keeps its node until the session timeout
-// after the server last heard from it, rounded up to the server's tick. With
-// the watchdog on, that is at most RefreshInterval plus a tick after the
-// lease's ValidUntil; a lease without refresh cut off just before its TTL
-// runs out, up to a whole TTL more. Capabilities.ExpirySlack reports the tick
-// part (the server's minimum session timeout).
-//
-// The fencing token is the lock node's creation zxid (czxid): ZooKeeper's
-// transaction ids strictly increase, so tokens follow grant order across
-// holders, expiry takeovers and the name node's deletion; they are not
-// consecutive. A process paused past its ValidUntil still believes it holds
-// the lock until it runs again; pass Lease.Fence to the resource.
-//
-// Every lock node the driver creates is the live lease's, a live waiter's,
-// or deleted, whatever the fault: a node nobody holds or waits on would sit
-// in the queue, ahead of every later waiter, for as long as its session
-// lives. A cancelled attempt or wait deletes its node before it returns
-// (waiting up to half the TTL, at most a second, then carrying on in the
-// background, through connection trouble, until the node is gone or its
-// session ended: Curator's guaranteed delete). A create whose outcome was
-// lost is found again by its GUID (Curator's protected mode), and any other
-// node with the GUID is deleted; a create that go-zookeeper sent on a new
-// session after the old one expired is taken as the new session's. When a
-// session of the driver's own resumes after a disconnection, the names it
-// has locks or waiters under are swept for nodes of the session that no
-// lease or waiter tracks. A release whose delete fails leaves the lease
-// valid until its ValidUntil, as dlock documents; the driver deletes the
-// node then.
-//
-// A Locker made by New uses the application's *zk.Conn for everything: one
-// session, so TTLs above its timeout are rejected, shorter ones are enforced
-// by the driver, and a holder cut off from the server keeps its nodes for the
-// session timeout (ExpirySlack). go-zookeeper does not tell the driver when
-// that session expires; the driver finds out at the next refresh.
-//
-// # Layout
-//
-// With R the root (default /dlock) and N the lock name escaped into one path
-// component (see LockPath):
-//
-//	R                          persistent, created when missing
-//	R/N                        container node: the server deletes it once it
-//	                           is empty (znode.container.checkIntervalMs, a
-//	                           minute by default)
-//	R/N/_c_<guid>-lock-<seq>   ephemeral-sequential: one per lease or waiter;
-//	                           the GUID is the lease's token, the data its
-//	                           metadata
-//
-// This is the layout of Apache Curator's InterProcessMutex and of
-// go-zookeeper's zk.Lock: dlock, Curator and zk.Lock locks on the path
-// LockPath(root, name) exclude each other and queue together. Each lock node
-// is created in one transaction with an (empty) write to R/N, whose reply
-// carries the transaction's zxid, the new node's czxid: the driver needs
-// read, write, create and delete permissions on R/N.
 package zookeeper
 
 import (
@@ -133,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/reach"
 	"github.com/go-zookeeper/zk"
 )
 
@@ -182,6 +61,9 @@ type Auth struct {
 // shortest TTL the Locker accepts.
 const probeTimeout = 100 * time.Millisecond
 
+// probeDialTimeout bounds the check that some server accepts connections.
+const probeDialTimeout = 5 * time.Second
+
 // Connect returns a Locker on the ensemble at servers (host:port, port 2181
 // when left out) that dials its own sessions, one per distinct TTL. ctx
 // bounds connecting: Connect opens one short session to check the servers
@@ -223,6 +105,14 @@ func connect(ctx context.Context, servers []string, opts *Options) (*driver, Opt
 		d.logger = log.New(io.Discard, "", 0)
 	}
 	d.auth = o.Auth
+	if o.Dialer == nil {
+		// go-zookeeper retries a refused connection until ctx ends: when no
+		// server accepts one at all, say so at once.
+		if err := reach.Any(ctx, srvs, probeDialTimeout); err != nil {
+			_ = d.Close()
+			return nil, Options{}, fmt.Errorf("zookeeper: connecting to %s: %w", strings.Join(srvs, ","), err)
+		}
+	}
 	minTTL, err := d.probe(ctx)
 	if err != nil {
 		_ = d.Close()
