@@ -23,9 +23,7 @@ func Example() {
 		panic(err)
 	}
 	// Bind the work to the lease: its context ends if the lock is lost.
-	work := lease.Context()
-	_ = work
-	fmt.Println("holding", lease.Name())
+	report(lease.Context(), lease.Name())
 
 	if err := lease.Release(ctx); err != nil {
 		panic(err)
@@ -83,4 +81,10 @@ func ExampleLease_Fence() {
 	// write from the first holder after the second one took over.
 	fmt.Println(ok, f2 > f1)
 	// Output: true true
+}
+
+func report(ctx context.Context, name string) {
+	if ctx.Err() == nil {
+		fmt.Println("holding", name)
+	}
 }

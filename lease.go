@@ -349,8 +349,7 @@ func (ls *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// Held asks the server whether the lock is still this lease's (the seeds'
-// isLocking). A lease that has ended answers false without a request. When
+// Held asks the server whether the lock is still this lease's. A lease that has ended answers false without a request. When
 // the server says no, the lease ends as lost. ctx bounds the request.
 func (ls *Lease) Held(ctx context.Context) (bool, error) {
 	if ls.Err() != nil {

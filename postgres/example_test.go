@@ -59,19 +59,30 @@ func ExampleNew() {
 	// ...
 }
 
-// The same lock from psql, connected to the same database: dlock's key for
-// a name is hashtextextended(prefix || name, 0).
+// The same lock from psql or any SQL client on the same database: dlock's
+// key for a name is hashtextextended(prefix || name, 0), so
 //
 //	SELECT pg_try_advisory_lock(hashtextextended('billing/nightly-invoices', 0));
-//	-- f while a dlock lease holds it; t otherwise, and dlock waits until
-//	SELECT pg_advisory_unlock(hashtextextended('billing/nightly-invoices', 0));
 //
-//	-- who holds it:
-//	SELECT l.pid, a.application_name, a.client_addr
-//	FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-//	WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-//	  AND l.classid = ((hashtextextended('billing/nightly-invoices', 0) >> 32) & 4294967295)::oid
-//	  AND l.objid = (hashtextextended('billing/nightly-invoices', 0) & 4294967295)::oid;
-func Example_psql() {}
+// is f while a dlock lease holds it (and takes it, keeping dlock waiting,
+// when it is t), and this query shows who holds it.
+func Example_psql() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@127.0.0.1:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	var pid int
+	var app string
+	err = pool.QueryRow(ctx, `
+		SELECT l.pid, a.application_name
+		FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+		  AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+		  AND l.objid = (hashtextextended($1, 0) & 4294967295)::oid`,
+		"billing/nightly-invoices").Scan(&pid, &app)
+	fmt.Println(pid, app, err)
+}
 
 func runInvoices(ctx context.Context, fence uint64) { _, _ = ctx, fence }
