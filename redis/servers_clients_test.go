@@ -226,3 +226,91 @@ func TestFailoverClientConformance(t *testing.T) {
 		raw: raw,
 	})
 }
+
+// Through a Sentinel failover (SENTINEL FAILOVER: the replica is promoted,
+// the old master demoted), a FailoverClient's Locker keeps working: a lock
+// taken before it (and replicated, WAIT) is released after it on the new
+// master, a waiter queued before it is granted the lock at once on that
+// release (the grant reaches its pub/sub connection, moved or not), and
+// the fence keeps increasing.
+func TestFailoverClientFailover(t *testing.T) {
+	rs := servers.RequireRedisSentinel(t)
+	ctx := testCtx(t)
+	newFailover := func() *goredis.Client {
+		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
+			MasterName: servers.MasterName, SentinelAddrs: []string{rs.Sentinel.Addr()},
+			Dialer: rs.Dial, ContextTimeoutEnabled: true,
+		})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	raw := newFailover()
+	holder := newLocker(t, newFailover(), nil)
+	waiter := newLocker(t, newFailover(), nil)
+	name := t.Name()
+	opts := &dlock.Options{TTL: 30 * time.Second}
+
+	lease, err := holder.Acquire(ctx, name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	var second *dlock.Lease
+	go func() {
+		var err error
+		second, err = waiter.Acquire(ctx, name, opts)
+		got <- err
+	}()
+	waitQueuedOn(t, raw, name)
+	if n, err := raw.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1: %v replicas, %v", n, err)
+	}
+
+	sentinel := goredis.NewSentinelClient(&goredis.Options{Addr: rs.Sentinel.Addr(), ContextTimeoutEnabled: true})
+	defer sentinel.Close()
+	if err := sentinel.Failover(ctx, servers.MasterName).Err(); err != nil {
+		t.Fatalf("SENTINEL FAILOVER: %v", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		addr, err := sentinel.GetMasterAddrByName(ctx, servers.MasterName).Result()
+		if err == nil && rs.PublishedAddr(net.JoinHostPort(addr[0], addr[1])) == rs.Replica.Addr() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sentinel did not promote the replica within 20s (master %v, %v)", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The client learns of the switch from the sentinel; wait until its
+	// writes reach the new master.
+	for raw.Set(ctx, name+"-probe", 1, time.Second).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the failover client did not reach the new master")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	released := time.Now()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release after the failover: %v", err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		// Its entry's renewal (every 10s for this TTL) would find it later.
+		t.Fatal("the waiter was not granted the lock within 5s of the release after the failover")
+	}
+	t.Logf("waiter granted %v after the release", time.Since(released))
+	f1, _ := lease.Fence()
+	f2, _ := second.Fence()
+	if f2 <= f1 {
+		t.Errorf("fences %d then %d, want increasing", f1, f2)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
