@@ -270,15 +270,6 @@ func (rs *RedisSentinel) Close() error {
 	return errors.Join(errs...)
 }
 
-// RequireTB is the part of a testing.TB that RequireRedisCluster and
-// RequireRedisSentinel use.
-type RequireTB interface {
-	Helper()
-	Context() context.Context
-	Fatalf(format string, args ...any)
-	Skipf(format string, args ...any)
-}
-
 var (
 	sharedClusterMu sync.Mutex
 	sharedCluster   *RedisCluster
@@ -289,7 +280,7 @@ var (
 // not pause, stop or close its nodes. It skips and fails as Require does,
 // and also skips, as RequireNew does, when DLOCK_REDIS_ADDR names an
 // external server, since no cluster can be made then.
-func RequireRedisCluster(tb RequireTB) *RedisCluster {
+func RequireRedisCluster(tb TB) *RedisCluster {
 	tb.Helper()
 	requireContainers(tb, "a Redis Cluster")
 	sharedClusterMu.Lock()
@@ -310,11 +301,7 @@ func RequireRedisCluster(tb RequireTB) *RedisCluster {
 // RequireRedisSentinel starts a master, a replica and a sentinel for this
 // test alone (see StartRedisSentinel), removed when the test ends. It skips
 // and fails as RequireRedisCluster does.
-func RequireRedisSentinel(tb interface {
-	RequireTB
-	Cleanup(func())
-	Error(args ...any)
-}) *RedisSentinel {
+func RequireRedisSentinel(tb TB) *RedisSentinel {
 	tb.Helper()
 	requireContainers(tb, "Redis Sentinel")
 	ctx, cancel := context.WithTimeout(tb.Context(), requireTimeout)
@@ -345,7 +332,7 @@ func (c *RedisCluster) closed() bool {
 
 // requireContainers skips a test that needs containers while
 // DLOCK_REDIS_ADDR names an external server, as RequireNew does.
-func requireContainers(tb RequireTB, what string) {
+func requireContainers(tb TB, what string) {
 	tb.Helper()
 	if os.Getenv(envVar(Redis)) == "" {
 		return
@@ -353,17 +340,12 @@ func requireContainers(tb RequireTB, what string) {
 	tb.Skipf("servers: %s needs containers, but %s names an external server", what, envVar(Redis))
 }
 
-func requireFailedTB(tb RequireTB, what string, err error) {
+func requireFailedTB(tb TB, what string, err error) {
 	tb.Helper()
-	if errors.Is(err, ErrNoDocker) && !required() {
+	if errors.Is(err, ErrNoDocker) && !backendsRequired() {
 		tb.Skipf("no %s: %v\n(%s=1 turns this skip into a failure)", what, err, RequireBackendsEnv)
 	}
 	tb.Fatalf("starting %s: %v", what, err)
-}
-
-func required() bool {
-	v, _ := strconv.ParseBool(os.Getenv(RequireBackendsEnv))
-	return v
 }
 
 // poll runs check until it succeeds or ctx ends, returning its last error
