@@ -108,20 +108,22 @@ func (harness) residueOn(ctx context.Context, c goredis.UniversalClient, name st
 }
 
 // The driver on a *goredis.ClusterClient over a Redis Cluster of three
-// masters passes the suite: every script's keys share one slot, and the
-// grant and release messages, PUBLISHed on whichever master holds the lock,
-// reach the Locker's pub/sub connection on whichever node it is.
+// masters passes the suite (its Chaos section for 5s, client-side faults
+// only): every script's keys share one slot, and the grant and release
+// messages, PUBLISHed on whichever master holds the lock, reach the
+// Locker's pub/sub connection on whichever node it is.
 func TestClusterClientConformance(t *testing.T) {
 	cl := servers.RequireRedisCluster(t)
 	raw := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = raw.Close() })
-	conformance.Run(t, clientHarness{
+	// A short Chaos section: the plain-client suite runs the long one.
+	conformance.RunConfig(t, clientHarness{
 		addrs: cl.Addrs(),
 		newClient: func(dial func(context.Context, string, string) (net.Conn, error)) goredis.UniversalClient {
 			return goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), Dialer: dial, ContextTimeoutEnabled: true})
 		},
 		raw: raw,
-	})
+	}, conformance.Config{Chaos: 5 * time.Second})
 }
 
 // Locks whose names hash to each of the three masters are granted and
@@ -203,7 +205,8 @@ func waitQueuedOn(t *testing.T, c goredis.UniversalClient, name string) {
 	}
 }
 
-// The driver on a *goredis.FailoverClient (Sentinel) passes the suite.
+// The driver on a *goredis.FailoverClient (Sentinel) passes the suite (its
+// Chaos section for 5s, client-side faults only).
 func TestFailoverClientConformance(t *testing.T) {
 	rs := servers.RequireRedisSentinel(t)
 	raw := goredis.NewFailoverClient(&goredis.FailoverOptions{
@@ -212,7 +215,7 @@ func TestFailoverClientConformance(t *testing.T) {
 	})
 	t.Cleanup(func() { _ = raw.Close() })
 	addrs := []string{rs.Sentinel.Addr(), rs.Master.Addr(), rs.Replica.Addr()}
-	conformance.Run(t, clientHarness{
+	conformance.RunConfig(t, clientHarness{
 		addrs: addrs,
 		newClient: func(dial func(context.Context, string, string) (net.Conn, error)) goredis.UniversalClient {
 			return goredis.NewFailoverClient(&goredis.FailoverOptions{
@@ -224,7 +227,7 @@ func TestFailoverClientConformance(t *testing.T) {
 			})
 		},
 		raw: raw,
-	})
+	}, conformance.Config{Chaos: 5 * time.Second})
 }
 
 // Through a Sentinel failover (SENTINEL FAILOVER: the replica is promoted,
