@@ -10,6 +10,9 @@
 //
 //	locker, err := redis.New(client, nil)
 //
+// where client is a *goredis.Client (one server, or Sentinel) or a
+// *goredis.ClusterClient, made with ContextTimeoutEnabled (see Clients).
+//
 // This package is named redis, as is go-redis's: code that imports both
 // names go-redis goredis (as this package and its examples do), because
 // users write redis.New for the lock and goredis.NewClient for the client.
@@ -54,6 +57,18 @@
 // so a wrong address or credential fails there; the Locker then owns the
 // client it made and closes it on Close. The client honours context deadlines
 // (ContextTimeoutEnabled).
+//
+// # Clients
+//
+// New takes the application's go-redis client: a *goredis.Client (one
+// server, or Sentinel through goredis.NewFailoverClient) or a
+// *goredis.ClusterClient (a lock's keys share one hash slot; releases and
+// grants are PUBLISHed, which a cluster delivers to every node). Both are
+// tested against real servers, a Sentinel failover included. The client
+// must have ContextTimeoutEnabled, or New returns dlock.ErrInvalid: without
+// it go-redis ignores ctx deadlines. A *goredis.Ring is refused with
+// dlock.ErrInvalid: it moves keys between shards when a client's health
+// check fails, which would let two holders take one lock (see New).
 //
 // # Guarantees
 //

@@ -59,21 +59,68 @@ type Options struct {
 // New returns a Locker on the application's client. Closing the Locker does
 // not close the client.
 //
-// The client should have ContextTimeoutEnabled set: the Locker bounds every
-// call with a context, and without it go-redis ignores context deadlines on
-// reads, so a call to an unreachable server blocks until ReadTimeout instead.
-// New works with any UniversalClient; on a cluster the hash-tagged layout
-// keeps each lock's keys in one slot, and the guarantees are those of the
-// shard's primary.
+// The client must have ContextTimeoutEnabled set, or New fails with
+// dlock.ErrInvalid: the Locker bounds every call with a context (a caller's
+// deadline, a lease's validity), and without that option go-redis ignores
+// context deadlines on reads, so a call to an unreachable server would block
+// for ReadTimeout and its retries (12s and more with the defaults) whatever
+// the ctx says. (Open sets it on the client it makes.)
+//
+// Supported clients:
+//
+//   - *goredis.Client, on one server or through Sentinel
+//     (goredis.NewFailoverClient): the guarantees are those of the primary,
+//     see Guarantees for what a failover does to them.
+//   - *goredis.ClusterClient: a lock's keys share a hash slot (see Layout),
+//     so every script runs on the primary of that slot; the release and
+//     grant messages use PUBLISH, which a Redis Cluster delivers to every
+//     node, so the Locker's one pub/sub connection hears them wherever it is.
+//     The guarantees are those of that shard's primary.
+//
+// A *goredis.Ring is refused with dlock.ErrInvalid. A Ring is sharding on
+// the client's side: each client hashes a key over the shards it currently
+// believes alive, and drops a shard that misses its health checks. A lock
+// then moves to another shard, where it is free, while its holder still
+// holds it on the first one: two holders, without any server failing. Locks
+// need every client to agree on where a name lives; use a Redis Cluster (or
+// Redlock over independent servers) instead.
 func New(client goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
+	if err := checkClient(client); err != nil {
+		return nil, err
 	}
 	d := newDriver(client, opts, false)
 	if d.compat {
 		return dlock.New(d, &d.defaults)
 	}
 	return dlock.New(&queueDriver{d}, &d.defaults)
+}
+
+// checkClient refuses the clients New cannot use correctly (see New).
+// Other implementations of UniversalClient are taken on trust.
+func checkClient(client goredis.UniversalClient) error {
+	var ctxTimeouts bool
+	switch c := client.(type) {
+	case nil:
+		return fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
+	case *goredis.Ring:
+		return fmt.Errorf("%w: redis: a *redis.Ring is not supported: it shards keys on the client's side and moves them when a shard misses a health check, so two holders could take one lock; use a Redis Cluster (*redis.ClusterClient) or one server", dlock.ErrInvalid)
+	case *goredis.Client:
+		if c == nil {
+			return fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
+		}
+		ctxTimeouts = c.Options().ContextTimeoutEnabled
+	case *goredis.ClusterClient:
+		if c == nil {
+			return fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
+		}
+		ctxTimeouts = c.Options().ContextTimeoutEnabled
+	default:
+		return nil
+	}
+	if !ctxTimeouts {
+		return fmt.Errorf("%w: redis: the client ignores context deadlines: set ContextTimeoutEnabled: true in its Options (the Locker bounds every call with a context)", dlock.ErrInvalid)
+	}
+	return nil
 }
 
 func newDriver(client goredis.UniversalClient, opts *Options, ownsClient bool) *driver {

@@ -184,6 +184,14 @@ func (h *Hub) Watch(ctx context.Context, channel, key string, notify func(payloa
 		h.mu.Unlock()
 		return nil, dlock.ErrClosed
 	}
+	if _, ok := h.client.(*goredis.Ring); ok {
+		// Ring.Subscribe panics without a channel, and a Ring's channels
+		// live on the shard their name hashes to, not where the lock's
+		// script PUBLISHes. The drivers refuse a Ring; this keeps a panic
+		// out of the hub's goroutines should one get here anyway.
+		h.mu.Unlock()
+		return nil, fmt.Errorf("%s: pub/sub on a *redis.Ring is not supported", h.name)
+	}
 	if !h.started {
 		h.started = true
 		h.ps = h.client.Subscribe(h.ctx)
