@@ -3,6 +3,7 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -70,12 +71,19 @@ func TestOpenInvalid(t *testing.T) {
 	}
 }
 
-// TestOpenUnreachable: ctx bounds Open, whose error names the servers but
-// not the password.
+// TestOpenUnreachable: ctx bounds Open against a server that accepts
+// connections and never answers; the error names the servers but not the
+// password. (One that refuses connections fails at once:
+// TestOpenRefusedFailsFast.)
 func TestOpenUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // the kernel accepts; nobody answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	_, err := dlock.Open(ctx, "zk://u:topsecret@127.0.0.1:1/")
+	_, err = dlock.Open(ctx, "zk://u:topsecret@"+ln.Addr().String()+"/")
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Open of an unreachable server: got %v, want a deadline error", err)
 	}
