@@ -175,7 +175,10 @@ func New(pool *pgxpool.Pool, opts *Options) (*dlock.Locker, error) {
 
 // NewFromConfig makes a pool from cfg, checks that the server answers
 // (bounded by ctx), and returns a Locker that owns the pool and closes it on
-// Close.
+// Close. It is the owning path for a configuration adjusted after ParseURL
+// (a TLS config, pgx hooks): every lease and waiting Acquire holds one of the
+// pool's connections for its whole life, so a pool of the Locker's own keeps
+// locks from starving the application's queries, and the other way round.
 func NewFromConfig(ctx context.Context, cfg *pgxpool.Config, opts *Options) (*dlock.Locker, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("%w: postgres: nil config", dlock.ErrInvalid)
