@@ -131,7 +131,9 @@
 // subscribes on every node and waits until a majority of subscriptions are
 // confirmed (a release deletes the lock on a majority, one of which it then
 // hears). It looks again as soon as a majority announced the release, or
-// 10ms after the first announcement otherwise. A lock that expires
+// 10ms after the first announcement otherwise; a waiter already woken once
+// in its wait (it met other waiters) first lets a random 0–2ms pass, so
+// that waiters woken by the same release do not split its vote. A lock that expires
 // without a release announces nothing: waiters look again when the holder's
 // majority would have expired, as read at their last attempt. Waiters are
 // not served in arrival order. Without a confirmed majority of
