@@ -46,10 +46,31 @@
 // counted from before the first request was sent; ValidUntil is that
 // start + TTL − drift. The first majority to answer decides: a slow or
 // paused minority does not delay an acquisition at all, and an acquisition
-// that can no longer win stops at once. The nodes that took the lock for
-// an attempt that failed give it back as soon as their answer arrives, so
-// that no partial lock is left; a caller that waits retries after a random
-// delay of the order of an attempt when contenders split the vote.
+// that can no longer win stops at once, unless it leads a split vote. The
+// nodes that took the lock for an attempt that failed give it back as soon
+// as their answer arrives, so that no partial lock is left.
+//
+// Contention: contenders that ask at once split the vote (no one gets a
+// majority), and if all gave up and retried, they would meet again. So a
+// split vote has a leader: the contender that took the most nodes, the
+// lowest token among those that took as many. A busy node answers with its
+// holder's token, so every contender that heard from every node sees the
+// same votes and picks the same leader. The others give their nodes back
+// (silently) and wait, as behind a holder, for a release; the leader keeps
+// its nodes and asks the nodes held by others again, half an attempt's
+// time later and then backing off, for up to four times its first round's
+// time (at most half the validity), until it holds a majority. A leader
+// that gives up gives its nodes back and announces it, waking the waiters;
+// a contender that cannot tell the leader yet (nodes still to answer)
+// waits for them; one that took no node never leads. Contenders whose views
+// differed (a node answered one of them after another gave its node back)
+// at worst lead both, which ends when one holds a majority or both give
+// up, or lead neither, and look again after a few attempts' time. This
+// changes nothing in what a grant needs: each node still takes the lock
+// only when it is free, with SET NX and the full TTL, a lease is granted
+// only once a majority holds its token, and its validity counts from
+// before its first request, which every node's lock postdates (a leader's
+// later requests only shorten its validity).
 // Refresh extends the lock on every node that still holds the token
 // (compare-and-pexpire), needs a majority, and moves ValidUntil to the
 // refresh's start + TTL − drift; it never re-creates a lock a node has lost.
@@ -110,7 +131,9 @@
 // subscribes on every node and waits until a majority of subscriptions are
 // confirmed (a release deletes the lock on a majority, one of which it then
 // hears). It looks again as soon as a majority announced the release, or
-// 10ms after the first announcement otherwise. A lock that expires
+// 10ms after the first announcement otherwise; a waiter already woken once
+// in its wait (it met other waiters) first lets a random 0–2ms pass, so
+// that waiters woken by the same release do not split its vote. A lock that expires
 // without a release announces nothing: waiters look again when the holder's
 // majority would have expired, as read at their last attempt. Waiters are
 // not served in arrival order. Without a confirmed majority of
@@ -159,16 +182,13 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/dlock/dlock"
-	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -393,189 +413,6 @@ func nodeCtx(ctx context.Context, timeout time.Duration, detached bool) (context
 		ctx = context.WithoutCancel(ctx)
 	}
 	return context.WithTimeout(ctx, timeout)
-}
-
-// acqReply is one node's answer during an acquisition: to the acquire
-// script, or (fenced) to the fencing write-back.
-type acqReply struct {
-	i       int
-	fenced  bool   // the answer to fence.lua
-	granted bool   // the node took the lock (acquire) or holds it at the fence (fenced)
-	counter uint64 // acquire, granted: the node's fencing counter
-	pttl    int64  // acquire, busy: the holder's remaining ms, -1 for none
-	holder  string // acquire, busy: the holder's token
-	err     error
-}
-
-// TryAcquire sends the acquire script to every node at once, each request
-// bounded by the node timeout, and decides as soon as a majority can: the
-// lock is granted when a majority took it (and, with fencing, holds the
-// fencing token, see fence), and refused as soon as a majority no longer
-// can. Requests still running then finish in the background; a node that
-// took the lock for an attempt that failed gives it back at once (waking
-// waiters only if the attempt was abandoned by its caller, not refused).
-func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
-	start := time.Now()
-	n, q := len(d.nodes), d.quorum
-	keys := d.keys(req.Name)
-	px := millis(req.TTL)
-	timeout := d.timeout(req.TTL)
-	h := &handle{d: d, keys: keys, token: req.Token, ttl: req.TTL,
-		acquired: make([]chan struct{}, n), released: make([]bool, n)}
-
-	replies := make(chan acqReply, 2*n)
-	fences := make([]chan uint64, n)
-	decided := make(chan struct{})
-	// Written before decided is closed: whether the attempt won, and
-	// whether a node giving its lock back announces it. A retreat from a
-	// refused attempt is silent (contenders that split a vote must not all
-	// be woken by each other's retreats); the lock of an attempt abandoned by
-	// its caller may have held a majority that waiters are waiting out.
-	won, announce := false, true
-	for i, nd := range d.nodes {
-		h.acquired[i] = make(chan struct{})
-		fences[i] = make(chan uint64, 1)
-		d.bg.Add(1)
-		go func() {
-			defer d.bg.Done()
-			defer close(h.acquired[i])
-			r := nd.acquire(ctx, timeout, keys, req.Token, px)
-			r.i = i
-			replies <- r
-			if !r.granted {
-				return
-			}
-			select {
-			case f := <-fences[i]:
-				ok, err := nd.fence(ctx, timeout, keys, req.Token, f)
-				replies <- acqReply{i: i, fenced: true, granted: ok, err: err}
-				<-decided
-			case <-decided:
-			}
-			if !won {
-				_, _ = nd.release(ctx, timeout, true, keys, req.Token, announce)
-			}
-		}()
-	}
-	defer close(decided)
-
-	var (
-		fence    uint64
-		granted  []int // nodes that took the lock, until the fence is chosen
-		counters = make([]uint64, n)
-		ok, dead int
-		answered int // replies to the acquire script
-		busy     []acqReply
-		errs     []error
-	)
-	for ok < q {
-		if n-dead < q {
-			// Lost. Say why: held by someone else if enough nodes say so,
-			// which those still to answer may yet do (a node that fails
-			// fast must not turn "held" into "no quorum").
-			need := n - q + 1
-			if len(busy) >= need || len(busy)+n-answered < need {
-				break
-			}
-		}
-		var r acqReply
-		select {
-		case r = <-replies:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("redlock: acquiring %q: %w", keys[0], ctx.Err())
-		}
-		if !r.fenced {
-			answered++
-		}
-		switch {
-		case r.err != nil:
-			dead++
-			errs = append(errs, r.err)
-		case r.fenced && r.granted:
-			ok++
-		case r.fenced:
-			dead++
-			errs = append(errs, fmt.Errorf("%s: the lock expired before its fencing token was written", d.nodes[r.i].name))
-		case !r.granted:
-			dead++
-			busy = append(busy, r)
-		case d.compat:
-			ok++
-		case fence != 0:
-			if r.counter >= fence {
-				ok++
-			} else {
-				fences[r.i] <- fence
-			}
-		default:
-			counters[r.i] = r.counter
-			granted = append(granted, r.i)
-			if len(granted) < q {
-				break
-			}
-			// A majority took the lock: the fencing token is the highest of
-			// their counters, and the nodes behind it are raised to it.
-			for _, j := range granted {
-				fence = max(fence, counters[j])
-			}
-			for _, j := range granted {
-				if counters[j] == fence {
-					ok++
-				} else {
-					fences[j] <- fence
-				}
-			}
-		}
-	}
-	if ok < q {
-		announce = false
-		return nil, d.refused(keys[0], start, busy, errs)
-	}
-	if drift := d.driftFor(req.TTL); time.Since(start) >= req.TTL-drift {
-		return nil, fmt.Errorf("%w: redlock: a majority for %q took %v, past the TTL %v minus drift %v",
-			dlock.ErrNotAcquired, keys[0], time.Since(start).Round(time.Microsecond), req.TTL, drift)
-	}
-	won = true
-	return &dlockdriver.Grant{
-		Handle: h,
-		Fence:  fence,
-		TTL:    time.Duration(px) * time.Millisecond,
-		Drift:  d.drift,
-	}, nil
-}
-
-// refused builds the error of an attempt that a majority can no longer
-// grant: a *dlockdriver.BusyError when enough nodes are held by others, else an
-// ErrNoQuorum error carrying the nodes' errors.
-func (d *driver) refused(key string, start time.Time, busy []acqReply, errs []error) error {
-	n, q := len(d.nodes), d.quorum
-	if len(busy) < n-q+1 {
-		return fmt.Errorf("%w: acquiring %q: %d of %d nodes failed and %d are held by others: %w",
-			ErrNoQuorum, key, len(errs), n, len(busy), errors.Join(errs...))
-	}
-	// A holder seen on a majority keeps the lock until the majority-th
-	// longest of its remaining times has passed (unless it refreshes or
-	// releases, which wakes waiters).
-	byHolder := map[string][]int64{}
-	for _, b := range busy {
-		byHolder[b.holder] = append(byHolder[b.holder], b.pttl)
-	}
-	for _, pttls := range byHolder {
-		if len(pttls) < q {
-			continue
-		}
-		slices.Sort(pttls)
-		slices.Reverse(pttls)
-		if pttls[q-1] < 0 {
-			return dlockdriver.Busy(0) // keys without expiry: unknown
-		}
-		return dlockdriver.Busy(time.Duration(pttls[q-1])*time.Millisecond + time.Millisecond)
-	}
-	// No holder in sight on a majority: contenders split the vote, or an
-	// attempt's keys are on their way out. Retry after a random delay of
-	// the order of an attempt, so that contenders do not meet again.
-	e := time.Since(start)
-	return dlockdriver.Busy(e + rand.N(2*e+time.Millisecond))
 }
 
 // Watch subscribes to name's release channel on every node and returns once
@@ -867,42 +704,6 @@ func (h *handle) Held(ctx context.Context) (bool, error) {
 	}
 	return false, fmt.Errorf("%w: reading %q: %d of %d nodes hold it, %d do not, %d failed: %w",
 		ErrNoQuorum, h.keys[0], holds, n, not, len(errs), errors.Join(errs...))
-}
-
-// acquire runs acquire.lua on the node. The request is detached from ctx:
-// its outcome matters even when the caller has left, since a lock it took
-// must be given back.
-func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64) acqReply {
-	nctx, cancel := nodeCtx(ctx, timeout, true)
-	defer cancel()
-	v, err := acquireScript.Run(nctx, nd.c, keys, token, px).Slice()
-	if err != nil {
-		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
-	}
-	if len(v) < 2 {
-		return acqReply{err: fmt.Errorf("%s: unexpected reply %v from acquire.lua", nd.name, v)}
-	}
-	code, _ := v[0].(int64)
-	second, _ := v[1].(int64)
-	if code == 1 {
-		return acqReply{granted: true, counter: uint64(max(second, 0))}
-	}
-	r := acqReply{pttl: second}
-	if len(v) > 2 {
-		r.holder, _ = v[2].(string)
-	}
-	return r
-}
-
-// fence runs fence.lua on the node, detached from ctx as acquire is.
-func (nd *node) fence(ctx context.Context, timeout time.Duration, keys []string, token string, f uint64) (bool, error) {
-	nctx, cancel := nodeCtx(ctx, timeout, true)
-	defer cancel()
-	r, err := fenceScript.Run(nctx, nd.c, keys, token, strconv.FormatUint(f, 10)).Int64()
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", nd.name, err)
-	}
-	return r == 1, nil
 }
 
 // release runs release.lua on the node: it reports whether the node held

@@ -1,6 +1,7 @@
 package redlock
 
 import (
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -10,6 +11,10 @@ import (
 // settleDelay is how long a waiter that has heard a release from fewer than
 // a majority of nodes waits for the others before it looks again.
 const settleDelay = 10 * time.Millisecond
+
+// staggerMax bounds the random delay before a waiter that has already been
+// woken once, and lost, looks again after a release (see releaseWatch).
+const staggerMax = 2 * time.Millisecond
 
 // releaseWatch turns what a waiter's subscriptions on every node hear into
 // one signal to look again.
@@ -24,6 +29,16 @@ const settleDelay = 10 * time.Millisecond
 // majority, not all of which the waiter hears). A connection that failed or
 // was subscribed again may have missed an announcement: that wakes the
 // waiter at once.
+//
+// Staggering: every waiter hears the same release, and if all looked again
+// at once they would split the vote among themselves and with the releaser
+// coming back. A waiter's first wake is immediate (a lone waiter takes the
+// lock one round trip after the release), but a waiter woken before, which
+// is still waiting because another took the lock, has met other waiters:
+// from then on it looks again after a random delay of up to staggerMax once
+// a majority announced a release, so that the waiters come one after
+// another and those behind the first find the lock held instead of
+// splitting it.
 type releaseWatch struct {
 	quorum int
 	c      chan struct{} // 1-buffered: look again
@@ -34,6 +49,7 @@ type releaseWatch struct {
 	timer   *time.Timer
 	armed   bool // timer is set to signal
 	stopped bool
+	fires   int // signals so far
 }
 
 func newReleaseWatch(nodes, quorum int) *releaseWatch {
@@ -56,16 +72,26 @@ func (w *releaseWatch) notify(i int, message bool) {
 		w.count++
 	}
 	if w.count >= w.quorum {
-		w.fire()
+		switch {
+		case w.fires == 0:
+			w.fire()
+		case w.count == w.quorum:
+			w.arm(rand.N(staggerMax))
+		}
 		return
 	}
 	if !w.armed {
-		w.armed = true
-		if w.timer == nil {
-			w.timer = time.AfterFunc(settleDelay, w.settled)
-		} else {
-			w.timer.Reset(settleDelay)
-		}
+		w.arm(settleDelay)
+	}
+}
+
+// arm sets the timer to signal after d; w.mu held.
+func (w *releaseWatch) arm(d time.Duration) {
+	w.armed = true
+	if w.timer == nil {
+		w.timer = time.AfterFunc(d, w.settled)
+	} else {
+		w.timer.Reset(d)
 	}
 }
 
@@ -79,6 +105,7 @@ func (w *releaseWatch) settled() {
 
 // fire signals the waiter and starts counting afresh; w.mu held.
 func (w *releaseWatch) fire() {
+	w.fires++
 	clear(w.heard)
 	w.count = 0
 	if w.armed {

@@ -1,0 +1,453 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
+)
+
+// acqReply is one node's answer during an acquisition: to the acquire
+// script, or (fenced) to the fencing write-back.
+type acqReply struct {
+	i       int
+	fenced  bool   // the answer to fence.lua
+	granted bool   // the node took the lock (acquire) or holds it at the fence (fenced)
+	counter uint64 // acquire, granted: the node's fencing counter
+	pttl    int64  // acquire, busy: the holder's remaining ms, -1 for none
+	holder  string // acquire, busy: the holder's token
+	err     error
+}
+
+// nodeState is where one node stands in an acquisition.
+type nodeState uint8
+
+const (
+	asking  nodeState = iota // the acquire script is on its way (again)
+	taken                    // took the lock; the fencing token is not chosen yet
+	fencing                  // took the lock; its counter is being raised to the fencing token
+	holding                  // holds the lock at the fencing token: counts toward the majority
+	busy                     // another token holds the lock there
+	failed                   // no answer, or the lock expired before its fencing token was written
+)
+
+// acquisition is one TryAcquire: a goroutine per node runs the node's
+// requests, and the caller's goroutine decides from their replies.
+type acquisition struct {
+	d       *driver
+	req     dlockdriver.Request
+	keys    []string
+	px      int64
+	timeout time.Duration
+	start   time.Time
+	h       *handle
+
+	replies chan acqReply
+	again   []chan struct{} // 1-buffered: run the acquire script on the node again
+	fences  []chan uint64
+	decided chan struct{}
+	// Written before decided is closed: whether the attempt won, and
+	// whether a node giving its lock back announces it (see TryAcquire).
+	won, announce bool
+
+	state   []nodeState
+	last    []acqReply // each node's last answer
+	fence   uint64
+	granted []int // nodes taken before the fencing token was chosen
+	errs    []error
+}
+
+// TryAcquire sends the acquire script to every node at once, each request
+// bounded by the node timeout, and decides as soon as a majority can: the
+// lock is granted when a majority took it (and, with fencing, holds the
+// fencing token, see fence), and refused as soon as a majority no longer
+// can, unless the attempt leads a split vote (see lead). Requests still
+// running then finish in the background; a node that took the lock for an
+// attempt that failed gives it back at once, waking waiters only if others
+// may be waiting for this attempt: when its caller abandoned it, or when it
+// led a split vote and gave up.
+func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	n := len(d.nodes)
+	a := &acquisition{
+		d: d, req: req, keys: d.keys(req.Name), px: millis(req.TTL), timeout: d.timeout(req.TTL),
+		start:   time.Now(),
+		replies: make(chan acqReply, 2*n),
+		again:   make([]chan struct{}, n),
+		fences:  make([]chan uint64, n),
+		decided: make(chan struct{}),
+		state:   make([]nodeState, n),
+		last:    make([]acqReply, n),
+	}
+	a.h = &handle{d: d, keys: a.keys, token: req.Token, ttl: req.TTL,
+		acquired: make([]chan struct{}, n), released: make([]bool, n)}
+	a.announce = true
+	for i := range n {
+		a.h.acquired[i] = make(chan struct{})
+		a.again[i] = make(chan struct{}, 1)
+		a.fences[i] = make(chan uint64, 1)
+	}
+	for i := range n {
+		a.ask(ctx, i)
+	}
+	defer close(a.decided)
+	return a.decide(ctx)
+}
+
+// ask runs node i's part of the acquisition: the acquire script, again
+// each time the decision asks for it while the node is held by another;
+// once the node took the lock, the fencing write-back if asked for; and,
+// unless the attempt won, the release of the lock it took.
+func (a *acquisition) ask(ctx context.Context, i int) {
+	d, nd := a.d, a.d.nodes[i]
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		defer close(a.h.acquired[i])
+		for {
+			r := nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px)
+			r.i = i
+			a.replies <- r
+			if r.granted {
+				break
+			}
+			select {
+			case <-a.again[i]:
+				continue
+			case <-a.decided:
+				return
+			}
+		}
+		select {
+		case f := <-a.fences[i]:
+			ok, err := nd.fence(ctx, a.timeout, a.keys, a.req.Token, f)
+			a.replies <- acqReply{i: i, fenced: true, granted: ok, err: err}
+			<-a.decided
+		case <-a.decided:
+		}
+		if !a.won {
+			_, _ = nd.release(ctx, a.timeout, true, a.keys, a.req.Token, a.announce)
+		}
+	}()
+}
+
+// count counts the nodes in any of the states.
+func (a *acquisition) count(states ...nodeState) int {
+	c := 0
+	for _, s := range a.state {
+		if slices.Contains(states, s) {
+			c++
+		}
+	}
+	return c
+}
+
+// record takes in one node's reply.
+func (a *acquisition) record(r acqReply) {
+	i, q := r.i, a.d.quorum
+	a.last[i] = r
+	switch {
+	case r.err != nil:
+		a.state[i] = failed
+		a.errs = append(a.errs, r.err)
+	case r.fenced && r.granted:
+		a.state[i] = holding
+	case r.fenced:
+		a.state[i] = failed
+		a.errs = append(a.errs, fmt.Errorf("%s: the lock expired before its fencing token was written", a.d.nodes[i].name))
+	case !r.granted:
+		a.state[i] = busy
+	case a.d.compat:
+		a.state[i] = holding
+	case a.fence != 0:
+		a.raise(i, r.counter)
+	default:
+		a.state[i] = taken
+		a.granted = append(a.granted, i)
+		if len(a.granted) < q {
+			break
+		}
+		// A majority took the lock: the fencing token is the highest of
+		// their counters, and the nodes behind it are raised to it.
+		for _, j := range a.granted {
+			a.fence = max(a.fence, a.last[j].counter)
+		}
+		for _, j := range a.granted {
+			a.raise(j, a.last[j].counter)
+		}
+	}
+}
+
+// raise counts node i, whose counter is c, as holding once its counter is
+// at the fencing token, and asks for the write-back when it is behind.
+func (a *acquisition) raise(i int, c uint64) {
+	if c >= a.fence {
+		a.state[i] = holding
+		return
+	}
+	a.state[i] = fencing
+	a.fences[i] <- a.fence
+}
+
+// outcome is what an acquisition that can no longer win by its first
+// replies does.
+type outcome uint8
+
+const (
+	undecided outcome = iota // wait for more replies
+	lead                     // keep the nodes taken and ask the others again
+	held                     // another token holds a majority
+	yield                    // another contender leads the split vote
+	noQuorum                 // too few nodes answered
+)
+
+// judge decides what an attempt that cannot win with the nodes it has and
+// those still to answer does. A split vote (no token on a majority) is led
+// by the contender that took the most nodes, the lowest token among those
+// that took as many: every contender that heard from every node sees the
+// same nodes held by the same tokens, so all agree on the leader, which
+// keeps its nodes and asks the others again while the rest give theirs back
+// (see lead). An attempt that took no node does not lead; nor does one
+// that cannot tell yet whether nodes still to answer make another the
+// leader.
+func (a *acquisition) judge() outcome {
+	n, q := len(a.d.nodes), a.d.quorum
+	holders := a.holders()
+	for _, c := range holders {
+		if c >= q {
+			return held
+		}
+	}
+	nBusy, unknown := a.count(busy), a.count(asking)
+	need := n - q + 1 // busy nodes that make the lock busy rather than unreachable
+	if nBusy < need && nBusy+unknown >= need {
+		return undecided // those still to answer may yet say busy
+	}
+	mine := a.count(taken, fencing, holding)
+	switch {
+	case n-a.count(failed) < q:
+		return noQuorum
+	case mine == 0 && nBusy >= need:
+		return yield
+	case mine == 0:
+		return noQuorum
+	}
+	beats := func(c int, token string) bool { return c > mine || c == mine && token < a.req.Token }
+	for h, c := range holders {
+		if beats(c, h) {
+			return yield
+		}
+	}
+	if unknown == 0 {
+		return lead
+	}
+	for h, c := range holders {
+		if beats(c+unknown, h) {
+			return undecided
+		}
+	}
+	if unknown >= mine {
+		return undecided // an unseen contender could take them all
+	}
+	return lead
+}
+
+// holders counts the nodes held by each other token, by their last answers.
+func (a *acquisition) holders() map[string]int {
+	m := map[string]int{}
+	for i, s := range a.state {
+		if s == busy {
+			m[a.last[i].holder]++
+		}
+	}
+	return m
+}
+
+// decide reads the nodes' replies until the attempt is granted or refused.
+//
+// An attempt that leads a split vote (see judge) keeps the nodes it took
+// and asks the nodes held by others again, once the other contenders have
+// had the time to give them back (half an attempt's time, then doubling),
+// until it holds a majority, another token does, or its time to lead is
+// over: four times the first round's time, and no more than half the
+// validity. The lease's validity still counts from before the first
+// request: every node took the lock after that, for the full TTL. A leader
+// that gives up announces the release of its nodes, since the others wait
+// for it.
+func (a *acquisition) decide(ctx context.Context) (*dlockdriver.Grant, error) {
+	q := a.d.quorum
+	drift := a.d.driftFor(a.req.TTL)
+	var (
+		leading  bool
+		deadline time.Time
+		backoff  time.Duration
+		timer    *time.Timer
+		retry    <-chan time.Time
+	)
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for a.count(holding) < q {
+		if a.count(asking, taken, fencing, holding) < q {
+			if !leading {
+				switch out := a.judge(); out {
+				case undecided:
+				case lead:
+					leading = true
+					e := time.Since(a.start)
+					deadline = time.Now().Add(4 * e)
+					if limit := a.start.Add((a.req.TTL - drift) / 2); deadline.After(limit) {
+						deadline = limit
+					}
+					backoff = e / 2
+				default:
+					a.announce = false // a retreat from a lost vote wakes nobody
+					return nil, a.refused(out)
+				}
+			}
+			if leading {
+				switch {
+				case a.majorityHolder():
+					a.announce = false // another won: nobody waits for this attempt
+					return nil, a.refused(held)
+				case len(a.d.nodes)-a.count(failed) < q:
+					return nil, a.refused(noQuorum)
+				case retry == nil && a.count(asking) == 0:
+					wait := time.Until(deadline)
+					if wait <= 0 {
+						return nil, a.refused(lead) // gave up
+					}
+					if timer == nil {
+						timer = time.NewTimer(min(backoff, wait))
+					} else {
+						timer.Reset(min(backoff, wait))
+					}
+					retry = timer.C
+					backoff *= 2
+				}
+			}
+		}
+		select {
+		case r := <-a.replies:
+			a.record(r)
+		case <-retry:
+			retry = nil
+			for i, s := range a.state {
+				if s == busy {
+					a.state[i] = asking
+					a.again[i] <- struct{}{}
+				}
+			}
+		case <-ctx.Done():
+			return nil, fmt.Errorf("redlock: acquiring %q: %w", a.keys[0], ctx.Err())
+		}
+	}
+	if elapsed := time.Since(a.start); elapsed >= a.req.TTL-drift {
+		return nil, fmt.Errorf("%w: redlock: a majority for %q took %v, past the TTL %v minus drift %v",
+			dlock.ErrNotAcquired, a.keys[0], elapsed.Round(time.Microsecond), a.req.TTL, drift)
+	}
+	a.won = true
+	return &dlockdriver.Grant{
+		Handle: a.h,
+		Fence:  a.fence,
+		TTL:    time.Duration(a.px) * time.Millisecond,
+		Drift:  a.d.drift,
+	}, nil
+}
+
+// majorityHolder reports whether another token holds a majority.
+func (a *acquisition) majorityHolder() bool {
+	for _, c := range a.holders() {
+		if c >= a.d.quorum {
+			return true
+		}
+	}
+	return false
+}
+
+// refused builds the error of an attempt that cannot be granted: a
+// *dlockdriver.BusyError when enough nodes are held by others, else an
+// ErrNoQuorum error carrying the nodes' errors.
+func (a *acquisition) refused(why outcome) error {
+	n, q := len(a.d.nodes), a.d.quorum
+	nBusy := a.count(busy)
+	if why == noQuorum || nBusy < n-q+1 {
+		return fmt.Errorf("%w: acquiring %q: %d of %d nodes failed and %d are held by others: %w",
+			ErrNoQuorum, a.keys[0], a.count(failed), n, nBusy, errors.Join(a.errs...))
+	}
+	// A holder seen on a majority keeps the lock until the majority-th
+	// longest of its remaining times has passed (unless it refreshes or
+	// releases, which wakes waiters).
+	byHolder := map[string][]int64{}
+	for i, s := range a.state {
+		if s == busy {
+			byHolder[a.last[i].holder] = append(byHolder[a.last[i].holder], a.last[i].pttl)
+		}
+	}
+	for _, pttls := range byHolder {
+		if len(pttls) < q {
+			continue
+		}
+		slices.Sort(pttls)
+		slices.Reverse(pttls)
+		if pttls[q-1] < 0 {
+			return dlockdriver.Busy(0) // keys without expiry: unknown
+		}
+		return dlockdriver.Busy(time.Duration(pttls[q-1])*time.Millisecond + time.Millisecond)
+	}
+	e := time.Since(a.start)
+	if why == yield {
+		// Another contender leads the split vote: it should hold the lock
+		// within a few attempts' time, and its release, or its giving up,
+		// wakes the waiters. Look again later in case neither comes (the
+		// contenders did not see the same votes).
+		return dlockdriver.Busy(8*e + rand.N(8*e+time.Millisecond))
+	}
+	// No holder in sight on a majority and no leader: retry after a random
+	// delay of the order of an attempt, so that contenders do not meet
+	// again.
+	return dlockdriver.Busy(e + rand.N(2*e+time.Millisecond))
+}
+
+// acquire runs acquire.lua on the node. The request is detached from ctx:
+// its outcome matters even when the caller has left, since a lock it took
+// must be given back.
+func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64) acqReply {
+	nctx, cancel := nodeCtx(ctx, timeout, true)
+	defer cancel()
+	v, err := acquireScript.Run(nctx, nd.c, keys, token, px).Slice()
+	if err != nil {
+		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
+	}
+	if len(v) < 2 {
+		return acqReply{err: fmt.Errorf("%s: unexpected reply %v from acquire.lua", nd.name, v)}
+	}
+	code, _ := v[0].(int64)
+	second, _ := v[1].(int64)
+	if code == 1 {
+		return acqReply{granted: true, counter: uint64(max(second, 0))}
+	}
+	r := acqReply{pttl: second}
+	if len(v) > 2 {
+		r.holder, _ = v[2].(string)
+	}
+	return r
+}
+
+// fence runs fence.lua on the node, detached from ctx as acquire is.
+func (nd *node) fence(ctx context.Context, timeout time.Duration, keys []string, token string, f uint64) (bool, error) {
+	nctx, cancel := nodeCtx(ctx, timeout, true)
+	defer cancel()
+	r, err := fenceScript.Run(nctx, nd.c, keys, token, strconv.FormatUint(f, 10)).Int64()
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", nd.name, err)
+	}
+	return r == 1, nil
+}
