@@ -47,6 +47,8 @@ type acquisition struct {
 	timeout time.Duration
 	start   time.Time
 	h       *handle
+	tickets string        // the tickets of this Locker's waiters on the name (see acquire.lua)
+	own     *releaseWatch // the one waiter of this Locker on the name, if there is one
 
 	replies chan acqReply
 	again   []chan struct{} // 1-buffered: run the acquire script on the node again
@@ -87,6 +89,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	a.h = &handle{d: d, keys: a.keys, token: req.Token, ttl: req.TTL,
 		acquired: make([]chan struct{}, n), released: make([]bool, n)}
 	a.announce = true
+	a.tickets, a.own = d.tickets(req.Name)
 	for i := range n {
 		a.h.acquired[i] = make(chan struct{})
 		a.again[i] = make(chan struct{}, 1)
@@ -105,15 +108,22 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 // unless the attempt won, the release of the lock it took.
 func (a *acquisition) ask(ctx context.Context, i int) {
 	d, nd := a.d, a.d.nodes[i]
+	ownTicket := ""
+	if a.own != nil {
+		ownTicket = a.own.ticket
+	}
 	d.bg.Add(1)
 	go func() {
 		defer d.bg.Done()
 		defer close(a.h.acquired[i])
 		for {
-			r := nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px)
+			r := nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px, a.tickets, ownTicket)
 			r.i = i
 			a.replies <- r
 			if r.granted {
+				if a.own != nil {
+					a.own.dequeued(i)
+				}
 				break
 			}
 			select {
@@ -419,10 +429,10 @@ func (a *acquisition) refused(why outcome) error {
 // acquire runs acquire.lua on the node. The request is detached from ctx:
 // its outcome matters even when the caller has left, since a lock it took
 // must be given back.
-func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64) acqReply {
+func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64, tickets, own string) acqReply {
 	nctx, cancel := nodeCtx(ctx, timeout, true)
 	defer cancel()
-	v, err := acquireScript.Run(nctx, nd.c, keys, token, px).Slice()
+	v, err := acquireScript.Run(nctx, nd.c, keys, token, px, tickets, own).Slice()
 	if err != nil {
 		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
 	}
@@ -445,7 +455,7 @@ func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []strin
 func (nd *node) fence(ctx context.Context, timeout time.Duration, keys []string, token string, f uint64) (bool, error) {
 	nctx, cancel := nodeCtx(ctx, timeout, true)
 	defer cancel()
-	r, err := fenceScript.Run(nctx, nd.c, keys, token, strconv.FormatUint(f, 10)).Int64()
+	r, err := fenceScript.Run(nctx, nd.c, []string{keys[0], keys[3]}, token, strconv.FormatUint(f, 10)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", nd.name, err)
 	}
