@@ -148,4 +148,3 @@ func TestQueueDeadTicket(t *testing.T) {
 		}
 	}
 }
-
