@@ -12,6 +12,10 @@
 --          between spaces (" " for none)
 -- ARGV[4]  the caller's own ticket when it is known ("" otherwise): removed
 --          from the queue when the lock is taken
+-- ARGV[5]  how long the queue lives after a registration, in ms
+-- ARGV[6], ARGV[7], ...  pairs of a score and a ticket: the caller's
+--          Locker's waiters on the name, registered in the queue (ZADD NX:
+--          a ticket keeps its place) when the lock is busy or reserved
 --
 -- A release hands the lock to the next waiter by reserving it for that
 -- waiter's ticket for a few ms (KEYS[3], with an expiry); while the
@@ -68,6 +72,12 @@ elseif holder == ARGV[1] then
 		return {1, 0}
 	end
 	return {1, tonumber(redis.call("GET", KEYS[4]) or "0")}
+end
+if #ARGV >= 6 then
+	for j = 6, #ARGV, 2 do
+		redis.call("ZADD", KEYS[2], "NX", ARGV[j], ARGV[j + 1])
+	end
+	redis.call("PEXPIRE", KEYS[2], ARGV[5])
 end
 if holder == "" and reserved then
 	return {0, math.max(redis.call("PTTL", KEYS[3]), 0), reserved}

@@ -131,14 +131,15 @@
 // holders, clock jumps and restarts. The compat layout has no fencing.
 //
 // Waiting is notified and queued, so that a release wakes one waiter, not
-// all of them. A waiter takes a ticket in the name's queue on every node
-// (scored by when it began to wait, the same score on every node, so the
-// nodes agree on the order) after subscribing, on each node, to its
-// Locker's hand-off channel for the name; it waits until a majority has
-// done both. A release, in the same script that deletes the lock on a node,
-// hands it to that node's first ticket whose Locker still listens (tickets
-// of Lockers that do not, dead or gone, are dropped on the way): it
-// publishes the waiter's id on that Locker's channel only, and reserves the
+// all of them. A waiter subscribes, on every node, to its Locker's hand-off
+// channel for the name, and waits until a majority confirmed; from then on,
+// every attempt of its that finds the lock busy or reserved on a node also
+// takes a ticket in the name's queue there, in the same script (scored by
+// when the waiter began to wait, the same score on every node, so that the
+// nodes agree on the order; a ticket keeps its place). A release, in the
+// same script that deletes the lock on a node, hands it to that node's
+// first ticket whose Locker still listens (tickets of Lockers that do not,
+// dead or gone, are dropped on the way): it publishes the waiter's id on that Locker's channel only, and reserves the
 // lock there for that ticket for 50ms, during which only attempts of that
 // Locker may take it. The woken waiter looks again as soon as a majority
 // handed it the release, or 10ms after the first hand-off otherwise; its
@@ -154,16 +155,17 @@
 // A hand-off can go astray: it may reach a Locker whose waiter has just
 // left (the Locker then passes it on to the next ticket, see pass.lua), the
 // message or the ticket may be lost in a fault (a waiter whose connection
-// failed is woken at once and registers its ticket again), or a waiter may
-// not come. So a waiter not woken for 200ms to 400ms (at random) looks
-// again anyway and registers its ticket again, and a reservation lapses
+// failed is woken at once, and its attempt registers its ticket again), or
+// a waiter may not come. So a waiter not woken for 200ms to 400ms (at
+// random) looks again anyway (registering its ticket again where it is
+// missing), and a reservation lapses
 // after 50ms. A lock that expires without a release hands nothing: waiters
 // look again when the holder's majority would have expired, as read at
 // their last attempt, or at the 200–400ms fallback, whichever is first. A
 // waiter that leaves removes its ticket (on a majority before its Acquire
 // returns, on the rest in the background); a queue nobody registers in for
-// a minute expires. Without a confirmed majority of subscriptions and
-// tickets, waiters poll between RetryMin and RetryMax. Waiters of older
+// a minute expires. Without a confirmed majority of subscriptions, waiters
+// poll between RetryMin and RetryMax. Waiters of older
 // versions, which listen on the name's release channel, are told of every
 // release there, but do not queue.
 //
@@ -492,7 +494,7 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 	rw := newReleaseWatch(n, q)
 	rw.d, rw.name, rw.keys, rw.id = d, name, d.keys(name), newID()
 	rw.ticket = d.id + ":" + rw.id
-	rw.score = float64(time.Now().UnixMicro())
+	rw.score = time.Now().UnixMicro()
 	d.wmu.Lock()
 	if d.watching[name] == nil {
 		d.watching[name] = map[*releaseWatch]struct{}{}
@@ -516,18 +518,7 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 				mu.Lock()
 				watchers = append(watchers, x)
 				mu.Unlock()
-				rw.mu.Lock()
-				done := rw.register(i)
-				rw.mu.Unlock()
-				if done != nil {
-					select {
-					case err = <-done:
-					case <-wctx.Done():
-						err = wctx.Err()
-					}
-				}
-			}
-			if err != nil {
+			} else {
 				err = fmt.Errorf("%s: %w", nd.name, err)
 			}
 			results <- err

@@ -5,13 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	mrand "math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/dlock/dlock/internal/redishub"
-	goredis "github.com/redis/go-redis/v9"
 )
 
 // settleDelay is how long a waiter that has been handed a release by fewer
@@ -25,7 +23,8 @@ const settleDelay = 10 * time.Millisecond
 const reserveFor = 50 * time.Millisecond
 
 // fallbackMin is the shortest time a waiter waits without being woken
-// before it looks again anyway (and registers its ticket again): up to twice
+// before it looks again anyway (its attempt registers its ticket again where
+// it is missing): up to twice
 // as long, at random. It bounds the wait of a waiter whose hand-off went
 // astray (see releaseWatch).
 const fallbackMin = 200 * time.Millisecond
@@ -34,7 +33,8 @@ const fallbackMin = 200 * time.Millisecond
 // that tickets that nobody removed (their Locker died) do not stay forever.
 const queueTTL = time.Minute
 
-// releaseWatch is one waiter: its ticket in the name's queue on every node,
+// releaseWatch is one waiter: its ticket in the name's queue on every node
+// (registered by its attempts that find the lock busy, see acquire.lua),
 // and what the nodes hand it, turned into one signal to look again.
 //
 // A release hands the lock, on each node, to the first ticket of that
@@ -48,19 +48,19 @@ const queueTTL = time.Minute
 // release, or settleDelay after the first hand-off when fewer do. A
 // connection that failed or was subscribed again may have missed a hand-off
 // (and the node may have dropped the ticket of a Locker it did not hear):
-// that wakes the waiter at once and registers its ticket there again.
+// that wakes the waiter at once, and its attempt registers its ticket there
+// again.
 //
 // A hand-off can still go astray (the ticket of a waiter that has just
 // left, a lost message, a queue lost in a restart): a waiter not woken for
-// fallbackMin to twice that looks again anyway and registers its ticket
-// again on every node.
+// fallbackMin to twice that looks again anyway.
 type releaseWatch struct {
 	d      *driver // nil in unit tests: no tickets
 	name   string
 	keys   []string
 	id     string // the waiter's id, the payload of its hand-offs
 	ticket string // d.id + ":" + id
-	score  float64
+	score  int64  // µs since 1970
 	quorum int
 	c      chan struct{} // 1-buffered: look again
 
@@ -71,14 +71,14 @@ type releaseWatch struct {
 	armed    bool // timer is set to signal
 	fallback *time.Timer
 	stopped  bool
-	deq      []bool           // nodes whose ticket a grant removed
-	inflight []int            // registrations on their way, by node
-	pending  []sync.WaitGroup // registrations on their way, by node
+	deq      []bool     // nodes whose ticket a grant removed
+	inflight []int      // requests on their way that may register the ticket, by node
+	idle     *sync.Cond // on mu: a node's inflight fell to 0
 }
 
 func newReleaseWatch(nodes, quorum int) *releaseWatch {
 	return &releaseWatch{quorum: quorum, c: make(chan struct{}, 1), heard: make([]bool, nodes),
-		deq: make([]bool, nodes), inflight: make([]int, nodes), pending: make([]sync.WaitGroup, nodes)}
+		deq: make([]bool, nodes), inflight: make([]int, nodes)}
 }
 
 // newID returns 16 random hex digits.
@@ -98,7 +98,6 @@ func (w *releaseWatch) notify(i int, message bool) {
 	}
 	if !message {
 		w.fire()
-		w.register(i)
 		return
 	}
 	if !w.heard[i] {
@@ -164,56 +163,31 @@ func (w *releaseWatch) fellBack() {
 		return
 	}
 	w.fire()
-	for i := range w.d.nodes {
-		w.register(i)
-	}
 }
 
-// register adds the ticket to node i's queue, in the background, and
-// returns where the result arrives (nil after stop); w.mu held.
-func (w *releaseWatch) register(i int) <-chan error {
-	if w.d == nil || w.stopped {
-		return nil
-	}
-	done := make(chan error, 1)
-	w.inflight[i]++
-	w.pending[i].Add(1)
-	w.d.bg.Add(1)
-	go func() {
-		defer w.d.bg.Done()
-		defer w.pending[i].Done()
-		err := w.enqueue(context.Background(), i)
-		w.mu.Lock()
-		w.inflight[i]--
-		w.deq[i] = false // the ticket may be there again
-		w.mu.Unlock()
-		done <- err
-	}()
-	return done
-}
-
-// enqueue adds the ticket to node i's queue, keeping its score if it is
-// there already, and extends the queue's life.
-func (w *releaseWatch) enqueue(ctx context.Context, i int) error {
-	nd := w.d.nodes[i]
-	nctx, cancel := nodeCtx(ctx, w.d.watchTimeout(), true)
-	defer cancel()
-	_, err := nd.c.Pipelined(nctx, func(p goredis.Pipeliner) error {
-		p.ZAddNX(nctx, w.keys[1], goredis.Z{Score: w.score, Member: w.ticket})
-		p.PExpire(nctx, w.keys[1], queueTTL)
-		return nil
-	})
-	return err
-}
-
-// dequeued records that a grant removed the ticket from node i's queue
-// (unless a registration on its way may put it back).
-func (w *releaseWatch) dequeued(i int) {
+// track counts a request of an attempt on node i that may register the
+// ticket there; it returns false, and counts nothing, once the watch has
+// stopped (the request must then not register it).
+func (w *releaseWatch) track(i int) bool {
 	w.mu.Lock()
-	if w.inflight[i] == 0 {
-		w.deq[i] = true
+	defer w.mu.Unlock()
+	if w.stopped {
+		return false
 	}
-	w.mu.Unlock()
+	w.inflight[i]++
+	return true
+}
+
+// untrack ends a request counted by track: granted, it removed the ticket
+// (see acquire.lua); otherwise it may have registered it.
+func (w *releaseWatch) untrack(i int, granted bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.inflight[i]--
+	w.deq[i] = granted
+	if w.inflight[i] == 0 && w.idle != nil {
+		w.idle.Broadcast()
+	}
 }
 
 // stop silences the watch and removes its ticket from the queues that may
@@ -239,53 +213,65 @@ func (w *releaseWatch) stop() {
 		w.mu.Unlock()
 		return
 	}
-	deq := slices.Clone(w.deq)
+	clean := make([]bool, len(w.deq))
+	for i := range clean {
+		clean[i] = w.deq[i] && w.inflight[i] == 0
+	}
+	w.idle = sync.NewCond(&w.mu)
 	w.mu.Unlock()
 	w.d.unwatch(w)
-	clean := 0
-	done := make(chan struct{}, len(deq))
+	n := 0
+	done := make(chan struct{}, len(clean))
 	for i, nd := range w.d.nodes {
-		if deq[i] {
-			clean++
+		if clean[i] {
+			n++
 			continue
 		}
 		w.d.bg.Add(1)
 		go func() {
 			defer w.d.bg.Done()
-			w.pending[i].Wait() // a registration on its way must not land after the removal
+			// A registration on its way must not land after the removal.
+			w.mu.Lock()
+			for w.inflight[i] > 0 {
+				w.idle.Wait()
+			}
+			w.mu.Unlock()
 			nctx, cancel := nodeCtx(context.Background(), w.d.watchTimeout(), true)
 			defer cancel()
 			_ = nd.c.ZRem(nctx, w.keys[1], w.ticket).Err()
 			done <- struct{}{}
 		}()
 	}
-	for ; clean < w.quorum; clean++ {
+	for ; n < w.quorum; n++ {
 		<-done
 	}
 }
 
-// tickets returns, for an attempt on name, the tickets of this Locker's
-// waiters on it (see acquire.lua) and, when there is exactly one, that
-// waiter.
-func (d *driver) tickets(name string) (string, *releaseWatch) {
+// tickets returns, for an attempt on name, what acquire.lua takes of this
+// Locker's waiters on it: their tickets between spaces, and their scores
+// and tickets to register when the lock is busy; and, when there is
+// exactly one, that waiter.
+func (d *driver) tickets(name string) (string, []any, *releaseWatch) {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	ws := d.watching[name]
 	if len(ws) == 0 {
-		return " ", nil
+		return " ", nil, nil
 	}
 	var b strings.Builder
 	b.WriteByte(' ')
+	regs := make([]any, 0, 2*len(ws))
+	var own *releaseWatch
 	for w := range ws {
 		b.WriteString(w.ticket)
 		b.WriteByte(' ')
+		regs = append(regs, w.score, w.ticket)
+		own = w
 	}
-	if len(ws) == 1 {
-		for w := range ws {
-			return b.String(), w
-		}
+	if len(ws) > 1 {
+		own = nil
 	}
-	return b.String(), nil
+	return b.String(), regs, own
 }
 
 // maxGone bounds how many waiters that left a Locker remembers, to pass on
