@@ -148,3 +148,79 @@ func TestQueueDeadTicket(t *testing.T) {
 		}
 	}
 }
+
+// A release handed to a waiter that has left while its Locker still
+// listens (its ticket put back after it left, as a registration landing
+// late would) is passed on by that Locker to the next waiter at once, not
+// after the next waiter's fallback.
+func TestQueuePassOn(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, 3, nil)
+	holder := newLocker(t, c.clients(t), nil)
+	left := newLocker(t, c.clients(t), nil)
+	waiter := newLocker(t, c.clients(t), nil)
+	name := "passon-" + randomHex(4)
+	queue := lockKey(name) + ":waiters"
+	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	gone := make(chan error, 1)
+	go func() {
+		_, err := left.Acquire(lctx, name, nil)
+		gone <- err
+	}()
+	eventually(t, 5*time.Second, "the first waiter queued on every node", func() bool {
+		for _, r := range c.raws {
+			if queueLen(ctx, t, r, name) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	ticket, err := c.raws[0].ZRange(ctx, queue, 0, 0).Result()
+	if err != nil || len(ticket) != 1 {
+		t.Fatalf("the first waiter's ticket: %v, %v", ticket, err)
+	}
+	cancel()
+	<-gone
+	for i, r := range c.raws {
+		if n := queueLen(ctx, t, r, name); n != 0 {
+			t.Fatalf("node %d: %d tickets left after the first waiter left", i, n)
+		}
+		if err := r.ZAdd(ctx, queue, goredis.Z{Score: 1, Member: ticket[0]}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		ls  *dlock.Lease
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, name, nil)
+		done <- result{l, err, time.Now()}
+	}()
+	eventually(t, 5*time.Second, "the second waiter queued on every node", func() bool {
+		for _, r := range c.raws {
+			if queueLen(ctx, t, r, name) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	released := time.Now()
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer func() { _ = r.ls.Release(ctx) }()
+	if lag := r.at.Sub(released); lag > 120*time.Millisecond {
+		t.Errorf("second waiter granted %v after the release; want well within its 200ms fallback", lag)
+	}
+}
