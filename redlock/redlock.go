@@ -158,10 +158,12 @@
 // failed is woken at once, and its attempt registers its ticket again), or
 // a waiter may not come. So a waiter not woken for 200ms to 400ms (at
 // random) looks again anyway (registering its ticket again where it is
-// missing), and a reservation lapses
+// missing), then after twice as long each time no hand-off came in
+// between, up to 3.2s to 6.4s (so that waiters behind a lock held for long
+// do not keep asking every node), and a reservation lapses
 // after 50ms. A lock that expires without a release hands nothing: waiters
 // look again when the holder's majority would have expired, as read at
-// their last attempt, or at the 200–400ms fallback, whichever is first. A
+// their last attempt, or at the fallback, whichever is first. A
 // waiter that leaves removes its ticket (on a majority before its Acquire
 // returns, on the rest in the background); a queue nobody registers in for
 // a minute expires. Without a confirmed majority of subscriptions, waiters

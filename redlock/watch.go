@@ -24,10 +24,15 @@ const reserveFor = 50 * time.Millisecond
 
 // fallbackMin is the shortest time a waiter waits without being woken
 // before it looks again anyway (its attempt registers its ticket again where
-// it is missing): up to twice
-// as long, at random. It bounds the wait of a waiter whose hand-off went
-// astray (see releaseWatch).
-const fallbackMin = 200 * time.Millisecond
+// it is missing): up to twice as long, at random. It bounds the wait of a
+// waiter whose hand-off went astray (see releaseWatch). Each time it looks
+// again so without having been handed a release since, the time doubles, up
+// to fallbackMax, so that waiters behind a lock held for long do not keep
+// asking every node.
+const (
+	fallbackMin = 200 * time.Millisecond
+	fallbackMax = 16 * fallbackMin
+)
 
 // queueTTL is how long a waiters' queue outlives its last registration, so
 // that tickets that nobody removed (their Locker died) do not stay forever.
@@ -53,7 +58,8 @@ const queueTTL = time.Minute
 //
 // A hand-off can still go astray (the ticket of a waiter that has just
 // left, a lost message, a queue lost in a restart): a waiter not woken for
-// fallbackMin to twice that looks again anyway.
+// fallbackMin to twice that looks again anyway (less often as its wait
+// goes on without hand-offs).
 type releaseWatch struct {
 	d      *driver // nil in unit tests: no tickets
 	name   string
@@ -70,6 +76,7 @@ type releaseWatch struct {
 	timer    *time.Timer
 	armed    bool // timer is set to signal
 	fallback *time.Timer
+	quiet    time.Duration // the fallback's time now: fallbackMin, doubling
 	stopped  bool
 	deq      []bool     // nodes whose ticket a grant removed
 	inflight []int      // requests on their way that may register the ticket, by node
@@ -96,6 +103,7 @@ func (w *releaseWatch) notify(i int, message bool) {
 	if w.stopped {
 		return
 	}
+	w.quiet = fallbackMin
 	if !message {
 		w.fire()
 		return
@@ -148,7 +156,8 @@ func (w *releaseWatch) armFallback() {
 	if w.d == nil {
 		return
 	}
-	d := fallbackMin + mrand.N(fallbackMin)
+	w.quiet = min(max(w.quiet, fallbackMin), fallbackMax)
+	d := w.quiet + mrand.N(w.quiet)
 	if w.fallback == nil {
 		w.fallback = time.AfterFunc(d, w.fellBack)
 	} else {
@@ -162,6 +171,7 @@ func (w *releaseWatch) fellBack() {
 	if w.stopped {
 		return
 	}
+	w.quiet *= 2
 	w.fire()
 }
 

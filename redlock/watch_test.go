@@ -42,3 +42,37 @@ func TestReleaseWatchWake(t *testing.T) {
 	case <-time.After(3 * settleDelay):
 	}
 }
+
+// A waiter not handed any release looks again after fallbackMin to twice
+// that, then after twice as long; a hand-off brings it back to fallbackMin.
+func TestReleaseWatchFallback(t *testing.T) {
+	w := newReleaseWatch(1, 1)
+	w.d = &driver{watching: map[string]map[*releaseWatch]struct{}{}, live: map[string]bool{}, gone: map[string]string{}}
+	w.quorum = 0 // no nodes: stop removes nothing
+	defer w.stop()
+	w.mu.Lock()
+	w.armFallback()
+	w.mu.Unlock()
+	wake := func() time.Duration {
+		t.Helper()
+		start := time.Now()
+		select {
+		case <-w.c:
+			return time.Since(start)
+		case <-time.After(20 * fallbackMin):
+			t.Fatal("no fallback wake")
+			return 0
+		}
+	}
+	if d := wake(); d < fallbackMin {
+		t.Errorf("first fallback after %v; want at least %v", d, fallbackMin)
+	}
+	if d := wake(); d < 2*fallbackMin {
+		t.Errorf("second fallback after %v; want at least %v", d, 2*fallbackMin)
+	}
+	w.notify(0, false) // a reconnection, as a hand-off, starts again
+	<-w.c
+	if d := wake(); d < fallbackMin || d > 2*fallbackMin+time.Second {
+		t.Errorf("fallback after a wake came after %v; want %v to %v (+1s slack)", d, fallbackMin, 2*fallbackMin)
+	}
+}
