@@ -47,6 +47,9 @@ type acquisition struct {
 	timeout time.Duration
 	start   time.Time
 	h       *handle
+	tickets string        // the tickets of this Locker's waiters on the name (see acquire.lua)
+	regs    []any         // their scores and tickets, to register where the lock is busy
+	own     *releaseWatch // the one waiter of this Locker on the name, if there is one
 
 	replies chan acqReply
 	again   []chan struct{} // 1-buffered: run the acquire script on the node again
@@ -87,6 +90,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	a.h = &handle{d: d, keys: a.keys, token: req.Token, ttl: req.TTL,
 		acquired: make([]chan struct{}, n), released: make([]bool, n)}
 	a.announce = true
+	a.tickets, a.regs, a.own = d.tickets(req.Name)
 	for i := range n {
 		a.h.acquired[i] = make(chan struct{})
 		a.again[i] = make(chan struct{}, 1)
@@ -110,7 +114,18 @@ func (a *acquisition) ask(ctx context.Context, i int) {
 		defer d.bg.Done()
 		defer close(a.h.acquired[i])
 		for {
-			r := nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px)
+			own, regs := "", a.regs
+			if a.own != nil {
+				if a.own.track(i) {
+					own = a.own.ticket
+				} else {
+					regs = nil // it left: do not queue it again
+				}
+			}
+			r := nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px, a.tickets, own, regs)
+			if own != "" {
+				a.own.untrack(i, r.granted)
+			}
 			r.i = i
 			a.replies <- r
 			if r.granted {
@@ -419,10 +434,11 @@ func (a *acquisition) refused(why outcome) error {
 // acquire runs acquire.lua on the node. The request is detached from ctx:
 // its outcome matters even when the caller has left, since a lock it took
 // must be given back.
-func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64) acqReply {
+func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64, tickets, own string, regs []any) acqReply {
 	nctx, cancel := nodeCtx(ctx, timeout, true)
 	defer cancel()
-	v, err := acquireScript.Run(nctx, nd.c, keys, token, px).Slice()
+	args := append([]any{token, px, tickets, own, queueTTL.Milliseconds()}, regs...)
+	v, err := acquireScript.Run(nctx, nd.c, keys, args...).Slice()
 	if err != nil {
 		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
 	}
@@ -445,7 +461,7 @@ func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []strin
 func (nd *node) fence(ctx context.Context, timeout time.Duration, keys []string, token string, f uint64) (bool, error) {
 	nctx, cancel := nodeCtx(ctx, timeout, true)
 	defer cancel()
-	r, err := fenceScript.Run(nctx, nd.c, keys, token, strconv.FormatUint(f, 10)).Int64()
+	r, err := fenceScript.Run(nctx, nd.c, []string{keys[0], keys[3]}, token, strconv.FormatUint(f, 10)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", nd.name, err)
 	}

@@ -564,11 +564,9 @@ func TestNotifiedWithMinorityDown(t *testing.T) {
 		l, err := waiter.Acquire(ctx, name, nil)
 		done <- result{l, err, time.Now()}
 	}()
-	channel := lockKey(name) + ":released"
-	eventually(t, 5*time.Second, "the waiter subscribed on the live nodes", func() bool {
+	eventually(t, 5*time.Second, "the waiter subscribed and queued on the live nodes", func() bool {
 		for _, i := range []int{1, 2, 3} {
-			m, err := c.raws[i].PubSubNumSub(ctx, channel).Result()
-			if err != nil || m[channel] != 1 {
+			if !queued(ctx, c.raws[i], name) {
 				return false
 			}
 		}
@@ -592,6 +590,19 @@ func TestNotifiedWithMinorityDown(t *testing.T) {
 	}
 }
 
+// queued reports whether one waiter's ticket is in name's queue on the node
+// and its Locker listens for hand-offs there.
+func queued(ctx context.Context, r *goredis.Client, name string) bool {
+	tickets, err := r.ZRange(ctx, lockKey(name)+":waiters", 0, -1).Result()
+	if err != nil || len(tickets) != 1 {
+		return false
+	}
+	locker, _, _ := strings.Cut(tickets[0], ":")
+	channel := lockKey(name) + ":released:" + locker
+	m, err := r.PubSubNumSub(ctx, channel).Result()
+	return err == nil && m[channel] == 1
+}
+
 // When every pub/sub connection of a waiter is reset, it subscribes again on
 // new connections and is woken: a release reaches it within a fraction of a
 // second, although the holder had 10s left.
@@ -602,11 +613,9 @@ func TestNotifiedAfterReset(t *testing.T) {
 	clients, ps := c.proxied(t)
 	waiter := newLocker(t, clients, nil)
 	name := "reset-" + randomHex(4)
-	channel := lockKey(name) + ":released"
 	subscribed := func() bool {
 		for _, r := range c.raws {
-			m, err := r.PubSubNumSub(ctx, channel).Result()
-			if err != nil || m[channel] != 1 {
+			if !queued(ctx, r, name) {
 				return false
 			}
 		}

@@ -50,8 +50,10 @@
 // nodes that took the lock for an attempt that failed give it back as soon
 // as their answer arrives, so that no partial lock is left.
 //
-// Contention: contenders that ask at once split the vote (no one gets a
-// majority), and if all gave up and retried, they would meet again. So a
+// Contention: waiters queue (see the waiting below), so that a release is
+// handed to one of them; contenders that were not waiting and ask at once
+// still split the vote (no one gets a majority), and if all gave up and
+// retried, they would meet again. So a
 // split vote has a leader: the contender that took the most nodes, the
 // lowest token among those that took as many. A busy node answers with its
 // holder's token, so every contender that heard from every node sees the
@@ -60,7 +62,8 @@
 // its nodes and asks the nodes held by others again, half an attempt's
 // time later and then backing off, for up to four times its first round's
 // time (at most half the validity), until it holds a majority. A leader
-// that gives up gives its nodes back and announces it, waking the waiters;
+// that gives up gives its nodes back and announces it, waking the next
+// waiter;
 // a contender that cannot tell the leader yet (nodes still to answer)
 // waits for them; one that took no node never leads. Contenders whose views
 // differed (a node answered one of them after another gave its node back)
@@ -127,17 +130,46 @@
 // highest it has seen: that, not the lease alone, protects it from paused
 // holders, clock jumps and restarts. The compat layout has no fencing.
 //
-// Waiting is notified: a release announces itself on every node, a waiter
-// subscribes on every node and waits until a majority of subscriptions are
-// confirmed (a release deletes the lock on a majority, one of which it then
-// hears). It looks again as soon as a majority announced the release, or
-// 10ms after the first announcement otherwise; a waiter already woken once
-// in its wait (it met other waiters) first lets a random 0–2ms pass, so
-// that waiters woken by the same release do not split its vote. A lock that expires
-// without a release announces nothing: waiters look again when the holder's
-// majority would have expired, as read at their last attempt. Waiters are
-// not served in arrival order. Without a confirmed majority of
-// subscriptions, waiters poll between RetryMin and RetryMax.
+// Waiting is notified and queued, so that a release wakes one waiter, not
+// all of them. A waiter subscribes, on every node, to its Locker's hand-off
+// channel for the name, and waits until a majority confirmed; from then on,
+// every attempt of its that finds the lock busy or reserved on a node also
+// takes a ticket in the name's queue there, in the same script (scored by
+// when the waiter began to wait, the same score on every node, so that the
+// nodes agree on the order; a ticket keeps its place). A release, in the
+// same script that deletes the lock on a node, hands it to that node's
+// first ticket whose Locker still listens (tickets of Lockers that do not,
+// dead or gone, are dropped on the way): it publishes the waiter's id on that Locker's channel only, and reserves the
+// lock there for that ticket for 50ms, during which only attempts of that
+// Locker may take it. The woken waiter looks again as soon as a majority
+// handed it the release, or 10ms after the first hand-off otherwise; its
+// attempt, if it wins, removes its ticket in the same script. So each
+// release costs one attempt, one pub/sub delivery per node and one wake-up,
+// where announcing it to every waiter cost every waiter's attempt (they
+// then split the vote) and a delivery to every Locker on every node; and
+// waiters are served about in the order they came, since one that did not
+// wait (a holder coming back at once) cannot take the lock from under the
+// waiter it was handed to. A reservation only ever refuses: it changes
+// nothing in what a grant needs (see above), and it expires by itself.
+//
+// A hand-off can go astray: it may reach a Locker whose waiter has just
+// left (the Locker then passes it on to the next ticket, see pass.lua), the
+// message or the ticket may be lost in a fault (a waiter whose connection
+// failed is woken at once, and its attempt registers its ticket again), or
+// a waiter may not come. So a waiter not woken for 200ms to 400ms (at
+// random) looks again anyway (registering its ticket again where it is
+// missing), then after twice as long each time no hand-off came in
+// between, up to 3.2s to 6.4s (so that waiters behind a lock held for long
+// do not keep asking every node), and a reservation lapses
+// after 50ms. A lock that expires without a release hands nothing: waiters
+// look again when the holder's majority would have expired, as read at
+// their last attempt, or at the fallback, whichever is first. A
+// waiter that leaves removes its ticket (on a majority before its Acquire
+// returns, on the rest in the background); a queue nobody registers in for
+// a minute expires. Without a confirmed majority of subscriptions, waiters
+// poll between RetryMin and RetryMax. Waiters of older
+// versions, which listen on the name's release channel, are told of every
+// release there, but do not queue.
 //
 // An attempt cut short by its ctx returns at once; its requests finish in
 // the background, and a lock they took is removed (announced) as soon as
@@ -158,13 +190,24 @@
 //	                lease's fencing token before the lease is granted (see
 //	                Guarantees); it persists by design, one small key per
 //	                name ever locked
+//	P{N}:waiters    sorted set: the waiters' tickets "<locker>:<waiter>"
+//	                (random hex ids), scored by when each began to wait
+//	                (µs since 1970); expires a minute after the last
+//	                registration
+//	P{N}:next       string: the ticket the lock is reserved for after a
+//	                release, for 50ms (PX)
+//	P{N}:released:<locker>
+//	                pub/sub channel: the id of the waiter of that Locker a
+//	                release hands the lock to
 //	P{N}:released   pub/sub channel: an empty message when a release
-//	                deletes the lock on that node
+//	                deletes the lock on that node (for waiters of older
+//	                versions)
 //
 // Compat layout (Options.Compat, URL compat=true), with P defaulting to "":
 //
 //	PN              string: the lease token, SET NX PX, compare-and-delete
-//	PN:released     pub/sub channel, as above
+//	PN:waiters, PN:next, PN:released:<locker>, PN:released
+//	                the waiters' queue, reservation and channels, as above
 //
 // The compat layout is github.com/go-redsync/redsync/v4's (a redsync.Mutex
 // named PN over the same nodes), so that dlock and redsync locks on the same
@@ -205,6 +248,10 @@ var (
 	//go:embed refresh.lua
 	refreshLua    string
 	refreshScript = goredis.NewScript(refreshLua)
+
+	//go:embed pass.lua
+	passLua    string
+	passScript = goredis.NewScript(passLua)
 
 	//go:embed release.lua
 	releaseLua    string
@@ -304,6 +351,10 @@ func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 		drift:       o.Drift,
 		ownsClients: ownsClients,
 		defaults:    o.Defaults,
+		id:          newID(),
+		watching:    map[string]map[*releaseWatch]struct{}{},
+		live:        map[string]bool{},
+		gone:        map[string]string{},
 	}
 	if d.prefix == "" && !d.compat {
 		d.prefix = DefaultKeyPrefix
@@ -320,7 +371,14 @@ func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 			return nil, invalid("client %d is given twice", i)
 		}
 		nd := &node{c: c, name: nodeName(i, c)}
-		nd.hub = redishub.New(c, "redlock", nil)
+		// A hand-off's payload is the id of the waiter it is for.
+		nd.hub = redishub.New(c, "redlock", func(p string) (string, bool) {
+			if p == "" {
+				return "", false
+			}
+			d.missed(i, p)
+			return p, true
+		})
 		d.nodes = append(d.nodes, nd)
 	}
 	return d, nil
@@ -349,6 +407,15 @@ type driver struct {
 	defaults    dlock.Options // New's Options.Defaults
 	addr        string        // the redacted URL, when opened from one
 
+	id string // names this Locker's channels and tickets (see release.lua)
+
+	wmu      sync.Mutex
+	watching map[string]map[*releaseWatch]struct{} // by name
+	live     map[string]bool                       // the ids of the waiters watching
+	gone     map[string]string                     // the names of waiters that left, by id (at most maxGone)
+	goneIDs  []string                              // gone's ids, oldest first
+	closing  bool
+
 	// bg counts the requests still running after the call that made them
 	// returned (a majority had decided): each is bounded by the node timeout.
 	bg sync.WaitGroup
@@ -369,18 +436,20 @@ func (d *driver) Capabilities() dlock.Capabilities {
 	}
 }
 
-// keys returns the keys of name: the lock key and, in the default layout,
-// the fencing counter.
+// keys returns the keys of name: the lock key, the waiters' queue, the
+// reservation and, in the default layout, the fencing counter.
 func (d *driver) keys(name string) []string {
 	if d.compat {
-		return []string{d.prefix + name}
+		lock := d.prefix + name
+		return []string{lock, lock + ":waiters", lock + ":next"}
 	}
 	lock := d.prefix + "{" + name + "}"
-	return []string{lock, lock + ":fence"}
+	return []string{lock, lock + ":waiters", lock + ":next", lock + ":fence"}
 }
 
-// channel is the pub/sub channel on which releases of name are announced.
-func (d *driver) channel(name string) string { return d.keys(name)[0] + ":released" }
+// channel is the pub/sub channel on which releases of name are handed to
+// this Locker's waiters (see release.lua).
+func (d *driver) channel(name string) string { return d.keys(name)[0] + ":released:" + d.id }
 
 // timeout is the per-node timeout for a lock of the given TTL.
 func (d *driver) timeout(ttl time.Duration) time.Duration {
@@ -415,14 +484,26 @@ func nodeCtx(ctx context.Context, timeout time.Duration, detached bool) (context
 	return context.WithTimeout(ctx, timeout)
 }
 
-// Watch subscribes to name's release channel on every node and returns once
-// a majority has confirmed: a release deletes the lock on at least a
-// majority, so one of them tells the waiter. See releaseWatch for when the
-// waiter is woken.
+// Watch registers a waiter for name: it subscribes to this Locker's
+// hand-off channel of name on every node and, once a node confirmed, adds
+// the waiter's ticket to that node's queue; it returns once a majority has
+// done both (a release deletes the lock on at least a majority, one of
+// which hands it to the first waiter). See releaseWatch for when the waiter
+// is woken.
 func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
 	channel := d.channel(name)
 	n, q := len(d.nodes), d.quorum
 	rw := newReleaseWatch(n, q)
+	rw.d, rw.name, rw.keys, rw.id = d, name, d.keys(name), newID()
+	rw.ticket = d.id + ":" + rw.id
+	rw.score = time.Now().UnixMicro()
+	d.wmu.Lock()
+	if d.watching[name] == nil {
+		d.watching[name] = map[*releaseWatch]struct{}{}
+	}
+	d.watching[name][rw] = struct{}{}
+	d.live[rw.id] = true
+	d.wmu.Unlock()
 	wctx, cancel := context.WithCancel(context.Background())
 	var (
 		wg       sync.WaitGroup
@@ -434,7 +515,7 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x, err := nd.hub.Watch(wctx, channel, "", func(_ string, message bool) { rw.notify(i, message) })
+			x, err := nd.hub.Watch(wctx, channel, rw.id, func(_ string, message bool) { rw.notify(i, message) })
 			if err == nil {
 				mu.Lock()
 				watchers = append(watchers, x)
@@ -474,10 +555,16 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 			return nil, nil, ctx.Err()
 		}
 	}
+	rw.mu.Lock()
+	rw.armFallback()
+	rw.mu.Unlock()
 	return rw.c, stop, nil
 }
 
 func (d *driver) Close() error {
+	d.wmu.Lock()
+	d.closing = true // no more hand-offs passed on
+	d.wmu.Unlock()
 	d.bg.Wait() // bounded by the node timeout
 	var errs []error
 	for _, nd := range d.nodes {
@@ -715,7 +802,7 @@ func (nd *node) release(ctx context.Context, timeout time.Duration, detached boo
 	if publish {
 		pub = "1"
 	}
-	r, err := releaseScript.Run(nctx, nd.c, keys[:1], token, pub).Int64()
+	r, err := releaseScript.Run(nctx, nd.c, keys[:3], token, pub, millis(reserveFor)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", nd.name, err)
 	}

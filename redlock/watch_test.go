@@ -5,36 +5,74 @@ import (
 	"time"
 )
 
-// A waiter's first wake comes as the majority-th node announces a release;
-// once woken, a waiter still waiting is woken by the next release after a
-// random delay of at most staggerMax, and only once however many more nodes
-// announce it.
-func TestReleaseWatchStagger(t *testing.T) {
+// A waiter is woken as the majority-th node hands it a release, once
+// however many more nodes do; handed a release by fewer than a majority, it
+// is woken settleDelay after the first.
+func TestReleaseWatchWake(t *testing.T) {
 	w := newReleaseWatch(5, 3)
 	defer w.stop()
-	for i := range 3 {
+	for i := range 2 {
 		w.notify(i, true)
 	}
+	select {
+	case <-w.c:
+		t.Fatal("woken by two of five nodes at once")
+	default:
+	}
+	w.notify(2, true)
 	select {
 	case <-w.c:
 	default:
-		t.Fatal("no wake as the third of five nodes announced the first release")
+		t.Fatal("no wake as the third of five nodes handed over the release")
 	}
+	w.notify(3, true)
+	w.notify(4, true)
 	start := time.Now()
-	for i := range 5 {
-		w.notify(i, true)
-	}
 	select {
 	case <-w.c:
 	case <-time.After(time.Second):
-		t.Fatal("no wake within 1s of the second release")
+		t.Fatal("no wake within 1s of two nodes handing over a release")
 	}
-	if took := time.Since(start); took > staggerMax+200*time.Millisecond {
-		t.Errorf("second wake after %v; want within staggerMax %v (+200ms slack)", took, staggerMax)
+	if took := time.Since(start); took < settleDelay/2 {
+		t.Errorf("woken %v after a minority's hand-off; want about settleDelay %v", took, settleDelay)
 	}
 	select {
 	case <-w.c:
 		t.Error("two wakes for one release")
-	case <-time.After(3 * staggerMax):
+	case <-time.After(3 * settleDelay):
+	}
+}
+
+// A waiter not handed any release looks again after fallbackMin to twice
+// that, then after twice as long; a hand-off brings it back to fallbackMin.
+func TestReleaseWatchFallback(t *testing.T) {
+	w := newReleaseWatch(1, 1)
+	w.d = &driver{watching: map[string]map[*releaseWatch]struct{}{}, live: map[string]bool{}, gone: map[string]string{}}
+	w.quorum = 0 // no nodes: stop removes nothing
+	defer w.stop()
+	w.mu.Lock()
+	w.armFallback()
+	w.mu.Unlock()
+	wake := func() time.Duration {
+		t.Helper()
+		start := time.Now()
+		select {
+		case <-w.c:
+			return time.Since(start)
+		case <-time.After(20 * fallbackMin):
+			t.Fatal("no fallback wake")
+			return 0
+		}
+	}
+	if d := wake(); d < fallbackMin {
+		t.Errorf("first fallback after %v; want at least %v", d, fallbackMin)
+	}
+	if d := wake(); d < 2*fallbackMin {
+		t.Errorf("second fallback after %v; want at least %v", d, 2*fallbackMin)
+	}
+	w.notify(0, false) // a reconnection, as a hand-off, starts again
+	<-w.c
+	if d := wake(); d < fallbackMin || d > 2*fallbackMin+time.Second {
+		t.Errorf("fallback after a wake came after %v; want %v to %v (+1s slack)", d, fallbackMin, 2*fallbackMin)
 	}
 }

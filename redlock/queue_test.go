@@ -1,0 +1,231 @@
+package redlock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// queueLen is the number of tickets in name's queue on the node.
+func queueLen(ctx context.Context, t *testing.T, r *goredis.Client, name string) int64 {
+	t.Helper()
+	n, err := r.ZCard(ctx, lockKey(name)+":waiters").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Waiters are served in the order they began to wait: three waiters, each
+// its own Locker, queued one after another behind a holder, are granted in
+// that order, each handed the lock by the previous one's release; and no
+// queue or reservation is left once all have released.
+func TestQueueOrder(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, 5, nil)
+	holder := newLocker(t, c.clients(t), nil)
+	name := "queue-" + randomHex(4)
+	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 3
+	granted := make(chan int, waiters)
+	leases := make([]*dlock.Lease, waiters)
+	errs := make(chan error, waiters)
+	for w := range waiters {
+		l := newLocker(t, c.clients(t), nil)
+		go func() {
+			lw, err := l.Acquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
+			if err != nil {
+				errs <- err
+				return
+			}
+			leases[w] = lw
+			granted <- w
+		}()
+		// The next waiter starts once this one is queued on every node.
+		eventually(t, 5*time.Second, "the waiter queued on every node", func() bool {
+			for _, r := range c.raws {
+				if queueLen(ctx, t, r, name) != int64(w+1) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for want := range waiters {
+		select {
+		case got := <-granted:
+			if got != want {
+				t.Fatalf("waiter %d granted; want waiter %d, the first in the queue", got, want)
+			}
+			// The next waiter stays queued while this one holds.
+			select {
+			case other := <-granted:
+				t.Fatalf("waiter %d granted while waiter %d holds", other, got)
+			case <-time.After(20 * time.Millisecond):
+			}
+			if err := leases[got].Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case err := <-errs:
+			t.Fatal(err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter %d not granted within 10s", want)
+		}
+	}
+	// A waiter granted by a majority removes its ticket from the other
+	// nodes in the background.
+	eventually(t, 5*time.Second, "no queue or reservation left after every waiter released", func() bool {
+		for _, r := range c.raws {
+			n, err := r.Exists(ctx, lockKey(name)+":waiters", lockKey(name)+":next").Result()
+			if err != nil || n != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A ticket whose Locker no longer listens (a process that died while
+// waiting) is skipped: the release goes to the next waiter at once, not
+// after the waiter's fallback.
+func TestQueueDeadTicket(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, 3, nil)
+	holder := newLocker(t, c.clients(t), nil)
+	waiter := newLocker(t, c.clients(t), nil)
+	name := "dead-" + randomHex(4)
+	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A dead process's ticket, first in the queue on every node.
+	for _, r := range c.raws {
+		if err := r.ZAdd(ctx, lockKey(name)+":waiters", goredis.Z{Score: 1, Member: "0123456789abcdef:0123456789abcdef"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		ls  *dlock.Lease
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, name, nil)
+		done <- result{l, err, time.Now()}
+	}()
+	eventually(t, 5*time.Second, "the waiter queued behind the dead ticket on every node", func() bool {
+		for _, r := range c.raws {
+			if queueLen(ctx, t, r, name) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	released := time.Now()
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer func() { _ = r.ls.Release(ctx) }()
+	// The fallback would wake the waiter 200ms or more after it last was.
+	if lag := r.at.Sub(released); lag > 150*time.Millisecond {
+		t.Errorf("waiter granted %v after the release; want well within its 200ms fallback", lag)
+	}
+	eventually(t, 5*time.Second, "the dead ticket dropped and the waiter's removed", func() bool {
+		for _, r := range c.raws {
+			if queueLen(ctx, t, r, name) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A release handed to a waiter that has left while its Locker still
+// listens (its ticket put back after it left, as a registration landing
+// late would) is passed on by that Locker to the next waiter at once, not
+// after the next waiter's fallback.
+func TestQueuePassOn(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, 3, nil)
+	holder := newLocker(t, c.clients(t), nil)
+	left := newLocker(t, c.clients(t), nil)
+	waiter := newLocker(t, c.clients(t), nil)
+	name := "passon-" + randomHex(4)
+	queue := lockKey(name) + ":waiters"
+	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	gone := make(chan error, 1)
+	go func() {
+		_, err := left.Acquire(lctx, name, nil)
+		gone <- err
+	}()
+	eventually(t, 5*time.Second, "the first waiter queued on every node", func() bool {
+		for _, r := range c.raws {
+			if queueLen(ctx, t, r, name) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	ticket, err := c.raws[0].ZRange(ctx, queue, 0, 0).Result()
+	if err != nil || len(ticket) != 1 {
+		t.Fatalf("the first waiter's ticket: %v, %v", ticket, err)
+	}
+	cancel()
+	<-gone
+	for i, r := range c.raws {
+		if n := queueLen(ctx, t, r, name); n != 0 {
+			t.Fatalf("node %d: %d tickets left after the first waiter left", i, n)
+		}
+		if err := r.ZAdd(ctx, queue, goredis.Z{Score: 1, Member: ticket[0]}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		ls  *dlock.Lease
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, name, nil)
+		done <- result{l, err, time.Now()}
+	}()
+	eventually(t, 5*time.Second, "the second waiter queued on every node", func() bool {
+		for _, r := range c.raws {
+			if queueLen(ctx, t, r, name) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	released := time.Now()
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer func() { _ = r.ls.Release(ctx) }()
+	if lag := r.at.Sub(released); lag > 120*time.Millisecond {
+		t.Errorf("second waiter granted %v after the release; want well within its 200ms fallback", lag)
+	}
+}
