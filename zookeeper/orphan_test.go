@@ -101,15 +101,7 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 // proxy). The attempt finds its node again by its GUID after reconnecting
 // instead of making a second one, and waits with it.
 func TestOrphanLostCreateReply(t *testing.T) {
-	t.Cleanup(zookeeper.SetIdleAfter(time.Minute)) // no idle session closes, which would take orphans along
-	srv := zkServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	srv, ctx, p := orphanSetup(t)
 	l := connect(t, p.Addr(), withTTL(3*time.Second))
 	holder := connect(t, srv.Addr(), withTTL(3*time.Second))
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
@@ -156,17 +148,7 @@ func TestOrphanLostCreateReply(t *testing.T) {
 func TestOrphanCreateAcrossExpiry(t *testing.T) {
 	for _, cancelled := range []bool{false, true} {
 		t.Run(fmt.Sprintf("cancelled=%v", cancelled), func(t *testing.T) {
-			// The session must outlive the test: closing it would take its
-			// orphans along.
-			t.Cleanup(zookeeper.SetIdleAfter(time.Minute))
-			srv := zkServer(t)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			p, err := faultnet.Listen(srv.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = p.Close() })
+			srv, ctx, p := orphanSetup(t)
 			ttl := time.Second
 			var hs handshakes
 			l := connect(t, p.Addr(), &zookeeper.Options{Defaults: dlock.Options{TTL: ttl}, Dialer: hs.dial})
@@ -237,15 +219,7 @@ func TestOrphanCreateAcrossExpiry(t *testing.T) {
 // its ValidUntil, as documented; the driver deletes the node then, and the
 // next Locker is granted, not before.
 func TestOrphanLostRelease(t *testing.T) {
-	t.Cleanup(zookeeper.SetIdleAfter(time.Minute)) // no idle session closes, which would take orphans along
-	srv := zkServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	srv, ctx, p := orphanSetup(t)
 	ttl := 2 * time.Second
 	l := connect(t, p.Addr(), withTTL(ttl))
 	other := connect(t, srv.Addr(), withTTL(ttl))
@@ -279,15 +253,7 @@ func TestOrphanLostRelease(t *testing.T) {
 // black-holed: the delete of its node is lost, and retried in the
 // background once the connection is back.
 func TestOrphanLostLeave(t *testing.T) {
-	t.Cleanup(zookeeper.SetIdleAfter(time.Minute)) // no idle session closes, which would take orphans along
-	srv := zkServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	srv, ctx, p := orphanSetup(t)
 	ttl := 3 * time.Second
 	holder := connect(t, srv.Addr(), withTTL(ttl))
 	waiter := connect(t, p.Addr(), withTTL(ttl))
@@ -325,15 +291,7 @@ func TestOrphanLostLeave(t *testing.T) {
 // with the socket's own error rather than zk: connection closed. The delete
 // is retried once the connection is back.
 func TestOrphanLeaveWriteFails(t *testing.T) {
-	t.Cleanup(zookeeper.SetIdleAfter(time.Minute)) // no idle session closes, which would take orphans along
-	srv := zkServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	srv, ctx, p := orphanSetup(t)
 	ttl := 3 * time.Second
 	hd := &hookDialer{onWrite: func(op int32) bool {
 		if op != opDelete {
@@ -412,15 +370,7 @@ func (c *hookConn) Write(b []byte) (int, error) {
 // session resumes after its connection was reset, the driver sweeps the
 // name and deletes it, and the waiter is granted.
 func TestOrphanSweptOnResume(t *testing.T) {
-	t.Cleanup(zookeeper.SetIdleAfter(time.Minute)) // no idle session closes, which would take orphans along
-	srv := zkServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	srv, ctx, p := orphanSetup(t)
 	ttl := 2 * time.Second
 	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
 	l, orphan, err := zookeeper.ConnectWithOrphans(cctx, []string{p.Addr()}, withTTL(ttl))
@@ -702,4 +652,21 @@ func TestOrphanChaos(t *testing.T) {
 	if overlap.Load() > 0 {
 		t.Errorf("%d overlapping leases", overlap.Load())
 	}
+}
+
+// orphanSetup is the start of the orphan tests: a server of the test's own,
+// a path to it through a fault proxy, and a minute's ctx. Idle sessions stay
+// open for the test (closing one would take its orphans along).
+func orphanSetup(t *testing.T) (*servers.Server, context.Context, *faultnet.Proxy) {
+	t.Helper()
+	t.Cleanup(zookeeper.SetIdleAfter(time.Minute))
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	p, err := faultnet.Listen(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return srv, ctx, p
 }
