@@ -190,10 +190,26 @@ func TestQueuePassOn(t *testing.T) {
 	}
 	cancel()
 	<-gone
-	for i, r := range c.raws {
-		if n := queueLen(ctx, t, r, name); n != 0 {
-			t.Fatalf("node %d: %d tickets left after the first waiter left", i, n)
+	// A waiter that leaves removes its ticket on a majority before its
+	// Acquire returns, and on the rest in the background.
+	gone0 := 0
+	for _, r := range c.raws {
+		if queueLen(ctx, t, r, name) == 0 {
+			gone0++
 		}
+	}
+	if gone0 < len(c.raws)/2+1 {
+		t.Fatalf("the first waiter's ticket is gone on %d of %d nodes when its Acquire returned; want a majority", gone0, len(c.raws))
+	}
+	eventually(t, 5*time.Second, "the first waiter's ticket gone on every node", func() bool {
+		for _, r := range c.raws {
+			if queueLen(ctx, t, r, name) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, r := range c.raws {
 		if err := r.ZAdd(ctx, queue, goredis.Z{Score: 1, Member: ticket[0]}).Err(); err != nil {
 			t.Fatal(err)
 		}
