@@ -31,6 +31,7 @@ func New(d driver.Driver, defaults *Options) (*Locker, error) {
 	l.waiter, _ = d.(driver.Waiter)
 	l.abandoner, _ = d.(driver.Abandoner)
 	l.notifier, _ = d.(driver.Notifier)
+	l.waitNotifier, _ = d.(driver.WaitNotifier)
 	l.waits = make(map[context.Context]context.CancelCauseFunc)
 	l.closing, l.cancelClosing = context.WithCancelCause(context.Background())
 	return l, nil
@@ -40,12 +41,13 @@ func New(d driver.Driver, defaults *Options) (*Locker, error) {
 // Build one with Open (from a URL) or a driver's New (from a client the
 // application owns), and Close it when done.
 type Locker struct {
-	d         driver.Driver
-	caps      Capabilities
-	defaults  *Options
-	waiter    driver.Waiter
-	notifier  driver.Notifier
-	abandoner driver.Abandoner
+	d            driver.Driver
+	caps         Capabilities
+	defaults     *Options
+	waiter       driver.Waiter
+	notifier     driver.Notifier
+	waitNotifier driver.WaitNotifier
+	abandoner    driver.Abandoner
 
 	mu       sync.Mutex
 	closed   bool
@@ -248,6 +250,10 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 	timer := time.NewTimer(0)
 	<-timer.C
 	defer timer.Stop()
+	if l.waitNotifier != nil {
+		req.Wait = newToken()
+		defer l.waitNotifier.EndWait(*req)
+	}
 	for first := true; ; first = false {
 		if !first {
 			req.Token = newToken() // see driver.Abandoner
@@ -265,13 +271,16 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 		case errors.As(err, &busy):
 			lastErr = nil
 			if l.notifier != nil && notify == nil {
-				c, stopWatch, werr := l.notifier.Watch(ctx, req.Name)
+				c, stopWatch, queued, werr := l.watch(ctx, *req)
 				if werr == nil {
 					defer stopWatch()
 					notify = c
-					continue // the release may have come before the watch: look again
+					if !queued {
+						continue // the release may have come before the watch: look again
+					}
+				} else {
+					lastErr = werr
 				}
-				lastErr = werr
 			}
 			if notify != nil {
 				// Notified waiting; poll only when the holder's lock would
@@ -308,6 +317,18 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 		case <-timer.C:
 		}
 	}
+}
+
+// watch starts the watch of a wait that found the lock busy; queued reports
+// that the attempt already queued it (see driver.WaitNotifier). stop ends
+// the watch (a WaitNotifier's ends with EndWait instead).
+func (l *Locker) watch(ctx context.Context, req driver.Request) (c <-chan struct{}, stop func(), queued bool, err error) {
+	if l.waitNotifier != nil {
+		c, queued, err = l.waitNotifier.WatchWait(ctx, req)
+		return c, func() {}, queued, err
+	}
+	c, stop, err = l.notifier.Watch(ctx, req.Name)
+	return c, stop, false, err
 }
 
 func (l *Locker) newLease(req driver.Request, o Options, g *driver.Grant, sent time.Time) (*Lease, error) {

@@ -80,6 +80,25 @@ type Notifier interface {
 	Watch(ctx context.Context, name string) (c <-chan struct{}, stop func(), err error)
 }
 
+// WaitNotifier is implemented by Notifiers whose TryAcquire, in an attempt
+// that finds the lock busy, can already queue the waiter behind a watch, so
+// that the Locker need not make another attempt after watching. The Locker
+// then gives every attempt of a waiting Acquire the same Request.Wait, and
+// calls WatchWait instead of Watch once an attempt of that wait found the
+// lock busy, and EndWait once when the wait ends (granted or not), after its
+// last attempt returned.
+type WaitNotifier interface {
+	Notifier
+	// WatchWait returns the wait's watch, as Watch does. queued reports
+	// that an attempt of this wait has already queued it behind this watch,
+	// so that no release after that attempt goes unheard: the Locker waits
+	// without looking again first. The watch ends with EndWait.
+	WatchWait(ctx context.Context, req Request) (c <-chan struct{}, queued bool, err error)
+	// EndWait stops the watch of req.Wait, and whatever its attempts left
+	// on the server for it, if anything.
+	EndWait(req Request)
+}
+
 // Abandoner is implemented by drivers whose TryAcquire can take the lock and
 // still return an error: the reply was lost, or ctx ended with the request
 // already sent. The Locker then calls Abandon, in the background and bounded
@@ -97,6 +116,10 @@ type Request struct {
 	Token    string        // random, 128 bits, hex: unique to this lease
 	TTL      time.Duration // how long the server keeps the lock unless refreshed
 	Metadata string
+	// Wait, for a WaitNotifier, is the same in every attempt of one waiting
+	// Acquire and unique to it (random hex); empty in TryAcquire and for
+	// other drivers.
+	Wait string
 }
 
 // Grant is what a driver returns for a granted lock.

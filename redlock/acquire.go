@@ -76,6 +76,7 @@ type acquisition struct {
 // may be waiting for this attempt: when its caller abandoned it, or when it
 // led a split vote and gave up.
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	d.prewatch(ctx, req)
 	n := len(d.nodes)
 	a := &acquisition{
 		d: d, req: req, keys: d.keys(req.Name), px: millis(req.TTL), timeout: d.timeout(req.TTL),

@@ -3,6 +3,8 @@ package redlock_test
 import (
 	"context"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	redsyncredis "github.com/go-redsync/redsync/v4/redis"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 const contendedWorkers = 8
@@ -84,11 +87,15 @@ func BenchmarkContended(b *testing.B) {
 		return true
 	}
 	var dlockTime, redsyncTime time.Duration
+	var dlockCmds, redsyncCmds int64
 	dlockCounts := make([]int, contendedWorkers)
 	redsyncCounts := make([]int, contendedWorkers)
-	round := func(cycle func(int) bool, total *time.Duration, counts []int, n int) {
+	stats := benchClients(b)
+	round := func(cycle func(int) bool, total *time.Duration, cmds *int64, counts []int, n int) {
+		before := commandsProcessed(b, stats)
 		d, c := contend(n, cycle)
 		*total += d
+		*cmds += commandsProcessed(b, stats) - before
 		for i := range c {
 			counts[i] += c[i]
 		}
@@ -103,11 +110,11 @@ func BenchmarkContended(b *testing.B) {
 			n += b.N % rounds
 		}
 		if r%2 == 0 {
-			round(dlockCycle, &dlockTime, dlockCounts, n)
-			round(redsyncCycle, &redsyncTime, redsyncCounts, n)
+			round(dlockCycle, &dlockTime, &dlockCmds, dlockCounts, n)
+			round(redsyncCycle, &redsyncTime, &redsyncCmds, redsyncCounts, n)
 		} else {
-			round(redsyncCycle, &redsyncTime, redsyncCounts, n)
-			round(dlockCycle, &dlockTime, dlockCounts, n)
+			round(redsyncCycle, &redsyncTime, &redsyncCmds, redsyncCounts, n)
+			round(dlockCycle, &dlockTime, &dlockCmds, dlockCounts, n)
 		}
 	}
 	b.StopTimer()
@@ -118,6 +125,31 @@ func BenchmarkContended(b *testing.B) {
 	b.ReportMetric(dOps/rOps, "ops-ratio")
 	b.ReportMetric(fairness(dlockCounts), "dlock-fairness")
 	b.ReportMetric(fairness(redsyncCounts), "redsync-fairness")
+	b.ReportMetric(float64(dlockCmds)/float64(sum(dlockCounts)), "dlock-cmds/acq")
+	b.ReportMetric(float64(redsyncCmds)/float64(sum(redsyncCounts)), "redsync-cmds/acq")
+}
+
+// commandsProcessed sums the commands the nodes have processed (INFO's
+// total_commands_processed; a script counts once), to show each side's
+// server work per acquisition.
+func commandsProcessed(b *testing.B, cs []goredis.UniversalClient) int64 {
+	var n int64
+	for _, c := range cs {
+		info, err := c.Info(context.Background(), "stats").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+				x, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n += x
+			}
+		}
+	}
+	return n
 }
 
 func sum(counts []int) int {

@@ -158,7 +158,11 @@
 // every attempt of its that finds the lock busy or reserved on a node also
 // takes a ticket in the name's queue there, in the same script (scored by
 // when the waiter began to wait, the same score on every node, so that the
-// nodes agree on the order; a ticket keeps its place). A release, in the
+// nodes agree on the order; a ticket keeps its place). The channel stays
+// subscribed for 2s after its last waiter left, so a name waited on in a
+// loop is subscribed already when the next wait begins: its first attempt
+// then watches before it is sent and takes the ticket itself, and the
+// waiter waits at once instead of after a second attempt. A release, in the
 // same script that deletes the lock on a node, hands it to that node's
 // first ticket whose Locker still listens (tickets of Lockers that do not,
 // dead or gone, are dropped on the way): it publishes the waiter's id on that Locker's channel only, and reserves the

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -83,10 +84,11 @@ type Options struct {
 // master: an odd number, at least 3, each a different server. Closing the
 // Locker does not close them.
 //
-// The clients should have ContextTimeoutEnabled set: the Locker bounds
-// every request with a context, and without it go-redis ignores context
-// deadlines on reads, so that a request to a paused node blocks until
-// ReadTimeout instead of the node timeout. DialerRetries: 1 makes a request
+// The clients must have ContextTimeoutEnabled set, or New fails with
+// dlock.ErrInvalid: the Locker bounds every request with a context, and
+// without it go-redis ignores context deadlines on reads, so that a request
+// to a paused node would block until ReadTimeout instead of the node
+// timeout. DialerRetries: 1 makes a request
 // to a node that refuses connections fail at once, rather than after
 // go-redis's dial retries (the clients Open makes are set up both ways).
 //
@@ -135,6 +137,7 @@ func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 		watching:    map[string]map[*releaseWatch]struct{}{},
 		live:        map[string]bool{},
 		gone:        map[string]string{},
+		waits:       map[string]*wait{},
 	}
 	if d.prefix == "" && !d.compat {
 		d.prefix = DefaultKeyPrefix
@@ -143,9 +146,13 @@ func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 		if c == nil || reflect.ValueOf(c).IsNil() {
 			return nil, invalid("client %d is nil", i)
 		}
-		switch c.(type) {
+		switch c := c.(type) {
 		case *goredis.ClusterClient, *goredis.Ring:
 			return nil, invalid("client %d is a %T: each Redlock node must be a single server (*redis.Client)", i, c)
+		case *goredis.Client:
+			if !c.Options().ContextTimeoutEnabled {
+				return nil, invalid("client %d ignores context deadlines: set ContextTimeoutEnabled: true in its Options (the Locker bounds every request with the node timeout)", i)
+			}
 		}
 		if slices.Index(clients, c) != i {
 			return nil, invalid("client %d is given twice", i)
@@ -194,6 +201,7 @@ type driver struct {
 	live     map[string]bool                       // the ids of the waiters watching
 	gone     map[string]string                     // the names of waiters that left, by id (at most maxGone)
 	goneIDs  []string                              // gone's ids, oldest first
+	waits    map[string]*wait                      // by Request.Wait (see WatchWait)
 	closing  bool
 
 	// bg counts the requests still running after the call that made them
@@ -271,6 +279,85 @@ func nodeCtx(ctx context.Context, timeout time.Duration, detached bool) (context
 // which hands it to the first waiter). See releaseWatch for when the waiter
 // is woken.
 func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	rw, stop, err := d.watch(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rw.c, stop, nil
+}
+
+// wait is the watch of one waiting Acquire (Request.Wait).
+type wait struct {
+	rw   *releaseWatch
+	stop func()
+}
+
+// WatchWait is Watch for the wait req belongs to (dlockdriver.WaitNotifier).
+// When an attempt of this wait found this Locker's hand-off channel of the
+// name subscribed on every node already (a waiter of the name left it
+// lingering), it watched before sending its request, which queued the
+// waiter's ticket where the lock was busy: the wait is queued, and a
+// release after that attempt reaches the watch, so the Locker waits without
+// another attempt. Otherwise WatchWait watches now, and the next attempt
+// queues the ticket.
+func (d *driver) WatchWait(ctx context.Context, req dlockdriver.Request) (<-chan struct{}, bool, error) {
+	d.wmu.Lock()
+	w := d.waits[req.Wait]
+	d.wmu.Unlock()
+	if w != nil {
+		return w.rw.c, true, nil
+	}
+	rw, stop, err := d.watch(ctx, req.Name)
+	if err != nil {
+		return nil, false, err
+	}
+	d.wmu.Lock()
+	d.waits[req.Wait] = &wait{rw: rw, stop: stop}
+	d.wmu.Unlock()
+	return rw.c, false, nil
+}
+
+// EndWait stops the watch of the wait req belongs to, if it has one.
+func (d *driver) EndWait(req dlockdriver.Request) {
+	d.wmu.Lock()
+	w := d.waits[req.Wait]
+	delete(d.waits, req.Wait)
+	d.wmu.Unlock()
+	if w != nil {
+		w.stop()
+	}
+}
+
+// prewatch, for an attempt of a wait, watches the name before the attempt
+// is sent when that costs no round trip (the hand-off channel is subscribed
+// on every node), so that the attempt queues the waiter if the lock is busy.
+func (d *driver) prewatch(ctx context.Context, req dlockdriver.Request) {
+	if req.Wait == "" {
+		return
+	}
+	d.wmu.Lock()
+	w := d.waits[req.Wait]
+	d.wmu.Unlock()
+	if w != nil {
+		return
+	}
+	channel := d.channel(req.Name)
+	for _, nd := range d.nodes {
+		if !nd.hub.Ready(channel) {
+			return
+		}
+	}
+	rw, stop, err := d.watch(ctx, req.Name)
+	if err != nil {
+		return // the attempt goes on without: WatchWait watches
+	}
+	d.wmu.Lock()
+	d.waits[req.Wait] = &wait{rw: rw, stop: stop}
+	d.wmu.Unlock()
+}
+
+// watch is Watch, returning the waiter itself.
+func (d *driver) watch(ctx context.Context, name string) (*releaseWatch, func(), error) {
 	channel := d.channel(name)
 	n, q := len(d.nodes), d.quorum
 	rw := newReleaseWatch(n, q)
@@ -338,7 +425,7 @@ func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(
 	rw.mu.Lock()
 	rw.armFallback()
 	rw.mu.Unlock()
-	return rw.c, stop, nil
+	return rw, stop, nil
 }
 
 func (d *driver) Close() error {
