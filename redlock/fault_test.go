@@ -696,12 +696,14 @@ func TestNewInvalid(t *testing.T) {
 	mk := func(n int) []goredis.UniversalClient {
 		cs := make([]goredis.UniversalClient, n)
 		for i := range cs {
-			cs[i] = goredis.NewClient(&goredis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", 1+i)})
+			cs[i] = goredis.NewClient(&goredis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", 1+i), ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = cs[i].Close() })
 		}
 		return cs
 	}
 	three := mk(3)
+	noCtxTimeouts := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:9"})
+	t.Cleanup(func() { _ = noCtxTimeouts.Close() })
 	for _, tc := range []struct {
 		what    string
 		clients []goredis.UniversalClient
@@ -716,6 +718,7 @@ func TestNewInvalid(t *testing.T) {
 		{"negative node timeout", three, &redlock.Options{NodeTimeout: -time.Second}},
 		{"negative drift", three, &redlock.Options{Drift: -time.Second}},
 		{"TTL below the minimum", three, &redlock.Options{Defaults: dlock.Options{TTL: time.Millisecond}}},
+		{"a client without ContextTimeoutEnabled", []goredis.UniversalClient{three[0], three[1], noCtxTimeouts}, nil},
 	} {
 		if l, err := redlock.New(tc.clients, tc.opts); !errors.Is(err, dlock.ErrInvalid) {
 			if err == nil {

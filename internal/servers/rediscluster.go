@@ -215,7 +215,12 @@ func (rs *RedisSentinel) setUp(ctx context.Context) error {
 	s := rs.Sentinel.Addr()
 	for _, cmd := range [][]string{
 		{"SENTINEL", "MONITOR", MasterName, masterIP, "6379", "1"},
-		{"SENTINEL", "SET", MasterName, "down-after-milliseconds", "1000"},
+		// Tests fail over with SENTINEL FAILOVER, which needs no down
+		// detection. A short down-after let a master stalled for a second
+		// on a loaded machine be failed over in the middle of a test that
+		// wanted none (the conformance run lost its key to the promoted
+		// replica).
+		{"SENTINEL", "SET", MasterName, "down-after-milliseconds", "60000"},
 		{"SENTINEL", "SET", MasterName, "failover-timeout", "10000"},
 	} {
 		if _, err := redisCommand(ctx, s, cmd...); err != nil {
