@@ -3,9 +3,13 @@
 // Usage:
 //
 //	dlock bench [flags]   compare lock backends, dlock against each raw client
+//	dlock run [flags] NAME -- COMMAND [ARG...]
+//	                      run a command while holding a lock
 //	dlock help [command]  show help
 //
-// See `dlock help bench` for the benchmark's flags and what it measures.
+// See `dlock help bench` for the benchmark's flags and what it measures,
+// and `dlock help run` for running a command under a lock and its exit
+// statuses.
 package main
 
 import (
@@ -29,15 +33,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "bench":
 		return benchMain(ctx, rest, stdout, stderr)
+	case "run":
+		return runMain(ctx, rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		if len(rest) == 0 {
 			usage(stdout)
 			return 0
 		}
-		if rest[0] == "bench" {
+		switch rest[0] {
+		case "bench":
 			fs, _ := benchFlagSet(stdout)
 			fs.Usage()
 			return 0
+		case "run":
+			return runMain(ctx, []string{"-h"}, stdout, stdout)
 		}
 		fmt.Fprintf(stderr, "dlock help: unknown command %q\n", rest[0])
 		return 2
@@ -56,6 +65,9 @@ Usage:
 	dlock bench [flags]   compare lock backends: dlock's driver against the
 	                      backend's raw client, on servers it starts itself
 	                      (Docker) or on URLs given
+	dlock run [flags] NAME -- COMMAND [ARG...]
+	                      run COMMAND while holding the lock NAME; it is
+	                      killed if the lock is lost (dlock help run)
 	dlock help [command]  show help, e.g. dlock help bench
 `)
 }

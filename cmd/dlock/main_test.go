@@ -9,10 +9,23 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/dlock/dlock/internal/servers/servertest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain runs the tests, or, re-executed by them, dlock itself
+// (DLOCK_TEST_MAIN=1) or a command dlock run starts (DLOCK_TEST_CHILD, see
+// lockrun_test.go).
+func TestMain(m *testing.M) {
+	switch {
+	case os.Getenv("DLOCK_TEST_CHILD") == "batch" && os.Getenv("DLOCK_NAME") != "":
+		// The command dlock run started (it sets DLOCK_NAME; the command
+		// inherits DLOCK_TEST_MAIN too).
+		os.Exit(batchChild())
+	case os.Getenv("DLOCK_TEST_MAIN") == "1":
+		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	servertest.Main(m)
+}
 
 // runCmd runs the command with args and returns its status and output.
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/driver"
+)
+
+// The exit statuses of dlock run besides the command's own.
+const (
+	exitFailed      = 1  // dlock itself failed: the backend unreachable, the command not started…
+	exitUsage       = 2  // bad usage
+	exitNotAcquired = 75 // the lock was not acquired: --try found it held, or --wait ran out (EX_TEMPFAIL)
+	exitLost        = 76 // the lock was lost while the command ran: the command was terminated
+)
+
+const runUsage = `Usage: dlock run [flags] NAME -- COMMAND [ARG...]
+
+Runs COMMAND while holding the lock NAME, and releases the lock when COMMAND
+exits. COMMAND runs in a process group of its own with, in its environment:
+
+	DLOCK_NAME         the lock's name
+	DLOCK_FENCE        the fencing token (empty when the backend has none):
+	                   pass it to what the command writes to, so that writes
+	                   of a run whose lock was lost can be refused
+	DLOCK_TOKEN        the lease's token
+	DLOCK_VALID_UNTIL  when the lease would end without refresh (RFC 3339);
+	                   dlock run refreshes it while COMMAND runs
+
+SIGINT, SIGTERM and SIGHUP are forwarded to COMMAND's process group. When
+the lock is lost (the backend unreachable past the lease's validity, the lock
+taken away), COMMAND's process group gets SIGTERM, then SIGKILL after
+-grace, and dlock run exits with status 76. When COMMAND exits, whatever is
+left of its process group gets the same treatment before the lock is
+released, so nothing runs unprotected.
+
+Exit status: COMMAND's own (128+N when a signal N ended it); 75 when the lock
+was not acquired (-try found it held, or -wait ran out); 76 when the lock was
+lost while COMMAND ran; 2 for bad usage; 1 when dlock run itself failed (the
+backend unreachable, COMMAND not found).
+
+Example (crontab on two servers; exactly one runs the batch each night, the
+other exits with 75):
+
+	0 2 * * * dlock run -url redis://locks:6379/0 -try nightly-batch -- /opt/batch/run.sh
+
+Flags:
+`
+
+// runMain is `dlock run`.
+func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("dlock run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), runUsage)
+		fs.PrintDefaults()
+	}
+	rawURL := fs.String("url", "", "the lock backend's URL, as dlock.Open takes it (default $DLOCK_URL)")
+	ttl := fs.Duration("ttl", 0, "the lease's TTL (default: the URL's ttl parameter, else 15s)")
+	wait := fs.Duration("wait", 0, "give up waiting for the lock after this long, with status 75 (default: wait until interrupted)")
+	try := fs.Bool("try", false, "do not wait: exit with status 75 at once if the lock is held")
+	grace := fs.Duration("grace", 10*time.Second, "how long COMMAND's process group has between SIGTERM and SIGKILL")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitUsage
+	}
+	rest := fs.Args()
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "dlock run: "+format+"\n", a...)
+		fmt.Fprintln(stderr, "usage: dlock run [-url URL] [-ttl D] [-wait D | -try] [-grace D] NAME -- COMMAND [ARG...]")
+		return exitUsage
+	}
+	if len(rest) == 0 {
+		return usageErr("no lock name")
+	}
+	name, rest := rest[0], rest[1:]
+	if len(rest) > 0 && rest[0] == "--" {
+		rest = rest[1:]
+	}
+	switch {
+	case len(rest) == 0:
+		return usageErr("no command to run")
+	case *try && *wait != 0:
+		return usageErr("-try and -wait exclude each other")
+	case *wait < 0, *ttl < 0:
+		return usageErr("durations must not be negative")
+	case *grace <= 0:
+		return usageErr("-grace must be positive")
+	}
+	if err := dlock.ValidateName(name); err != nil {
+		return usageErr("%v", err)
+	}
+	if *rawURL == "" {
+		*rawURL = os.Getenv("DLOCK_URL")
+	}
+	if *rawURL == "" {
+		return usageErr("no backend: give -url or set DLOCK_URL")
+	}
+	u, _ := url.Parse(*rawURL) // for redaction; Open reports a malformed URL
+	path, err := exec.LookPath(rest[0])
+	if err != nil {
+		fmt.Fprintf(stderr, "dlock run: %v\n", err)
+		return exitFailed
+	}
+
+	// Signals: while waiting they end the wait; once COMMAND runs they are
+	// forwarded to it.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	l, err := dlock.Open(ctx, *rawURL)
+	if err != nil {
+		fmt.Fprintf(stderr, "dlock run: %v\n", driver.RedactError(err, u))
+		if errors.Is(err, dlock.ErrInvalid) {
+			return exitUsage
+		}
+		return exitFailed
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = l.Close(cctx)
+	}()
+
+	ls, code := acquireForRun(ctx, l, name, *ttl, *wait, *try, sigs, stderr, u)
+	if ls == nil {
+		return code
+	}
+	return runUnder(ctx, ls, path, rest, *grace, sigs, stdout, stderr, u)
+}
+
+// acquireForRun takes the lock as the flags say; a signal ends the wait. It
+// returns the lease, or nil and the exit status.
+func acquireForRun(ctx context.Context, l *dlock.Locker, name string, ttl, wait time.Duration, try bool, sigs <-chan os.Signal, stderr io.Writer, u *url.URL) (*dlock.Lease, int) {
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if wait > 0 {
+		var c context.CancelFunc
+		actx, c = context.WithTimeoutCause(actx, wait, errWaitRanOut)
+		defer c()
+	}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case s := <-sigs:
+			cancel(signalError{s.(syscall.Signal)})
+		case <-done:
+		}
+	}()
+	opts := &dlock.Options{TTL: ttl}
+	var ls *dlock.Lease
+	var err error
+	if try {
+		ls, err = l.TryAcquire(actx, name, opts)
+	} else {
+		ls, err = l.Acquire(actx, name, opts)
+	}
+	if err == nil {
+		return ls, 0
+	}
+	var sig signalError
+	switch {
+	case errors.As(context.Cause(actx), &sig):
+		fmt.Fprintf(stderr, "dlock run: %v while waiting for %q\n", sig.s, name)
+		return nil, 128 + int(sig.s)
+	case errors.Is(context.Cause(actx), errWaitRanOut):
+		fmt.Fprintf(stderr, "dlock run: %q not acquired: still held after waiting %v\n", name, wait)
+		return nil, exitNotAcquired
+	case try && errors.Is(err, dlock.ErrNotAcquired):
+		fmt.Fprintf(stderr, "dlock run: %q not acquired: held by another\n", name)
+		return nil, exitNotAcquired
+	case errors.Is(err, dlock.ErrInvalid):
+		fmt.Fprintf(stderr, "dlock run: %v\n", driver.RedactError(err, u))
+		return nil, exitUsage
+	}
+	fmt.Fprintf(stderr, "dlock run: acquiring %q: %v\n", name, driver.RedactError(err, u))
+	return nil, exitFailed
+}
+
+var errWaitRanOut = errors.New("dlock run: -wait ran out")
+
+type signalError struct{ s syscall.Signal }
+
+func (e signalError) Error() string { return e.s.String() }
+
+// runUnder runs the command under ls and returns dlock run's exit status.
+func runUnder(ctx context.Context, ls *dlock.Lease, path string, argv []string, grace time.Duration, sigs <-chan os.Signal, stdout, stderr io.Writer, u *url.URL) int {
+	fence := ""
+	if f, ok := ls.Fence(); ok {
+		fence = strconv.FormatUint(f, 10)
+	}
+	cmd := exec.Command(path, argv[1:]...)
+	cmd.Args[0] = argv[0]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	cmd.Env = append(os.Environ(),
+		"DLOCK_NAME="+ls.Name(),
+		"DLOCK_FENCE="+fence,
+		"DLOCK_TOKEN="+ls.Token(),
+		"DLOCK_VALID_UNTIL="+ls.ValidUntil().UTC().Format(time.RFC3339Nano),
+	)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	release := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := ls.Release(rctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
+			fmt.Fprintf(stderr, "dlock run: releasing %q: %v\n", ls.Name(), driver.RedactError(err, u))
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		release()
+		fmt.Fprintf(stderr, "dlock run: %v\n", err)
+		return exitFailed
+	}
+	pgid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	var waitErr error
+	lost := false
+	done := ls.Done()
+loop:
+	for {
+		select {
+		case waitErr = <-exited:
+			break loop
+		case s := <-sigs:
+			_ = syscall.Kill(-pgid, s.(syscall.Signal))
+		case <-done:
+			if ls.Err() == nil {
+				done = nil // released: not before the command exits
+				continue
+			}
+			lost = true
+			fmt.Fprintf(stderr, "dlock run: lost the lock %q: %v; terminating the command (SIGTERM, then SIGKILL after %v)\n",
+				ls.Name(), driver.RedactError(ls.Err(), u), grace)
+			waitErr = terminate(pgid, exited, grace)
+			break loop
+		}
+	}
+	// Nothing of the command may outlive the lock: stop what is left of its
+	// process group (background children) before releasing.
+	if !lost && groupAlive(pgid) {
+		_ = terminate(pgid, nil, grace)
+	}
+	release()
+	if lost {
+		return exitLost
+	}
+	return exitStatus(waitErr)
+}
+
+// terminate sends SIGTERM to the process group, and SIGKILL to what is left
+// of it once grace has passed; exited, when not nil, is the leader's Wait,
+// whose result it returns. It returns once the group is gone (or, should
+// members that are gone stay unreaped, a second after the SIGKILL).
+func terminate(pgid int, exited <-chan error, grace time.Duration) error {
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	kill := time.Now().Add(grace)
+	var killed time.Time
+	var err error
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for exited != nil || groupAlive(pgid) {
+		select {
+		case err = <-exited:
+			exited = nil
+			continue
+		case <-tick.C:
+		}
+		switch now := time.Now(); {
+		case killed.IsZero() && now.After(kill):
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			killed = now
+		case !killed.IsZero() && exited == nil && now.Sub(killed) > time.Second:
+			return err
+		}
+	}
+	return err
+}
+
+// groupAlive reports whether a process of the group is left.
+func groupAlive(pgid int) bool {
+	return syscall.Kill(-pgid, 0) == nil
+}
+
+// exitStatus is the shell's view of the command's end: its status, or
+// 128+N for signal N.
+func exitStatus(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return exitFailed
+}
