@@ -27,6 +27,12 @@ var tests = []testCase{
 	// With FIFO declared, waiters queued one after another are granted in
 	// that order.
 	{name: "FIFOOrder", need: needFIFO, fn: testFIFO},
+	// Inspect (when the driver can describe locks) shows the holder's token
+	// prefix, fence and metadata as the lease has them, its TTL within the
+	// lease's, and a queued waiter; a free name shows nothing held; a listing
+	// by prefix finds the name. A driver that cannot says so with
+	// errors.ErrUnsupported.
+	{name: "Inspect", fn: testInspect},
 	// A blocked waiter is granted promptly after the holder releases, long
 	// before the holder's TTL would have run out.
 	{name: "WaiterGrantedOnRelease", fn: testWaiterGrantedOnRelease},
@@ -993,4 +999,87 @@ func (s *suite) fifoRound(holder *dlock.Locker, ws []*dlock.Locker, stagger time
 		}
 	}
 	return order, synced
+}
+
+func testInspect(s *suite) {
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	info, err := a.Inspect(s.ctx, name)
+	if errors.Is(err, errors.ErrUnsupported) {
+		if _, err := a.InspectPrefix(s.ctx, name); !errors.Is(err, errors.ErrUnsupported) {
+			s.t.Fatalf("InspectPrefix of a driver that cannot Inspect: got %v, want errors.ErrUnsupported", err)
+		}
+		return
+	}
+	if err != nil || info.Held || info.Name != name {
+		s.t.Fatalf("Inspect of a free name: %+v, %v; want not held", info, err)
+	}
+	const meta = "job=inspect host=conformance"
+	ls := s.acquire(a, name, s.opts(func(o *dlock.Options) { o.Metadata = meta }))
+	waitErr := make(chan error, 1)
+	waitCtx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	go func() {
+		lw, err := b.Acquire(waitCtx, name, nil)
+		if err == nil {
+			err = lw.Release(s.ctx)
+		}
+		waitErr <- err
+	}()
+	// The waiter shows up within a generous bound, where the backend counts
+	// waiters.
+	deadline := time.Now().Add(10*time.Second + s.tol())
+	for {
+		if info, err = a.Inspect(s.ctx, name); err != nil {
+			s.t.Fatalf("Inspect of a held name: %v", err)
+		}
+		if info.Waiters != 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	switch f, hasFence := ls.Fence(); {
+	case !info.Held:
+		s.t.Fatalf("Inspect of a held name: %+v, want held", info)
+	case info.Token != "" && info.Token != ls.Token()[:min(8, len(ls.Token()))]:
+		s.t.Errorf("Inspect's token %q is not the first 8 digits of the lease's", info.Token)
+	case len(info.Token) > 8:
+		s.t.Errorf("Inspect shows %d digits of the token, want at most 8: it authorizes release", len(info.Token))
+	case info.HasFence && (!hasFence || info.Fence != f):
+		s.t.Errorf("Inspect's fence %d, the lease's %d (%v)", info.Fence, f, hasFence)
+	case info.Metadata != "" && info.Metadata != meta:
+		s.t.Errorf("Inspect's metadata %q, want %q", info.Metadata, meta)
+	case info.TTL > s.cfg.TTL+time.Second || info.TTL < -1:
+		s.t.Errorf("Inspect's TTL left %v, beyond the lease's TTL %v", info.TTL, s.cfg.TTL)
+	case info.Waiters == 0:
+		s.t.Errorf("Inspect shows no waiter while one waits")
+	case !info.Since.IsZero() && info.Since.After(time.Now().Add(time.Minute)):
+		s.t.Errorf("Inspect's since %v is in the future", info.Since)
+	}
+	all, err := a.InspectPrefix(s.ctx, name)
+	switch {
+	case errors.Is(err, errors.ErrUnsupported):
+	case err != nil:
+		s.t.Fatalf("InspectPrefix: %v", err)
+	case len(all) != 1 || all[0].Name != name || !all[0].Held:
+		s.t.Errorf("InspectPrefix(%q) = %+v; want the held name alone", name, all)
+	}
+	s.release(ls)
+	if err := <-waitErr; err != nil {
+		s.t.Fatalf("waiter: %v", err)
+	}
+	deadline = time.Now().Add(10*time.Second + s.tol())
+	for {
+		if info, err = a.Inspect(s.ctx, name); err != nil {
+			s.t.Fatalf("Inspect after release: %v", err)
+		}
+		if !info.Held && info.Waiters <= 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("Inspect after every lease was released: %+v, want nothing held or waiting", info)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

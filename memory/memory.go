@@ -74,6 +74,7 @@ type entry struct {
 	expires  time.Time
 	fence    uint64
 	metadata string
+	since    time.Time
 }
 
 // NewStore returns an empty Store.
@@ -176,7 +177,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		}
 		s.fence++
 		fence = s.fence
-		s.locks[req.Name] = &entry{token: req.Token, expires: now.Add(req.TTL), fence: fence, metadata: req.Metadata}
+		s.locks[req.Name] = &entry{token: req.Token, expires: now.Add(req.TTL), fence: fence, metadata: req.Metadata, since: now}
 		return nil
 	})
 	if err != nil {

@@ -5,6 +5,8 @@
 //	dlock bench [flags]   compare lock backends, dlock against each raw client
 //	dlock run [flags] NAME -- COMMAND [ARG...]
 //	                      run a command while holding a lock
+//	dlock inspect [-json] URL [NAME | -prefix P]
+//	                      show who holds a lock and who waits
 //	dlock help [command]  show help
 //
 // See `dlock help bench` for the benchmark's flags and what it measures,
@@ -35,6 +37,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return benchMain(ctx, rest, stdout, stderr)
 	case "run":
 		return runMain(ctx, rest, stdout, stderr)
+	case "inspect":
+		return inspectMain(ctx, rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		if len(rest) == 0 {
 			usage(stdout)
@@ -47,6 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 0
 		case "run":
 			return runMain(ctx, []string{"-h"}, stdout, stdout)
+		case "inspect":
+			return inspectMain(ctx, []string{"-h"}, stdout, stdout)
 		}
 		fmt.Fprintf(stderr, "dlock help: unknown command %q\n", rest[0])
 		return 2
@@ -68,6 +74,9 @@ Usage:
 	dlock run [flags] NAME -- COMMAND [ARG...]
 	                      run COMMAND while holding the lock NAME; it is
 	                      killed if the lock is lost (dlock help run)
+	dlock inspect [-json] URL [NAME | -prefix P]
+	                      show who holds a lock, since when, its TTL left,
+	                      fence and waiters (dlock help inspect)
 	dlock help [command]  show help, e.g. dlock help bench
 `)
 }

@@ -1,0 +1,96 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/redishub"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Inspect describes name (dlockdriver.Inspector): the holder's token
+// prefix, remaining TTL and fence (the counter, which is always the current
+// holder's), and the number of queued waiters (live or not yet expired).
+// The compat layout stores no fence or queue. Redis does not record when a
+// lock was taken, nor its metadata.
+func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo, error) {
+	info := dlockdriver.LockInfo{Name: name, TTL: -1, Waiters: -1}
+	keys := d.keys(name)
+	var get *goredis.StringCmd
+	var pttl *goredis.DurationCmd
+	var fence *goredis.StringCmd
+	var queued *goredis.IntCmd
+	_, err := d.c.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		get, pttl = p.Get(ctx, keys[0]), p.PTTL(ctx, keys[0])
+		if !d.compat {
+			fence, queued = p.Get(ctx, keys[1]), p.ZCard(ctx, keys[2])
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		return info, fmt.Errorf("redis: inspecting %q: %w", keys[0], err)
+	}
+	if token, err := get.Result(); err == nil {
+		info.Held, info.Token = true, dlockdriver.TokenPrefix(token)
+		if t := pttl.Val(); t >= 0 {
+			info.TTL = t
+		}
+		if fence != nil {
+			if f, err := fence.Uint64(); err == nil {
+				info.Fence, info.HasFence = f, true
+			}
+		}
+	}
+	if queued != nil {
+		info.Waiters = int(queued.Val())
+	}
+	return info, nil
+}
+
+// Names lists the names held or queued on that begin with prefix
+// (dlockdriver.Lister), by SCAN (on every master of a Cluster). The compat
+// layout's keys cannot be told from other keys: it cannot list.
+func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
+	if d.compat {
+		return nil, fmt.Errorf("%w: redis: the compat layout's keys cannot be told from others", errors.ErrUnsupported)
+	}
+	start := d.prefix + "{"
+	match := redishub.GlobEscape(start+prefix) + "*"
+	var (
+		mu    sync.Mutex
+		names []string
+	)
+	scan := func(ctx context.Context, c goredis.UniversalClient) error {
+		iter := c.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			k := strings.TrimPrefix(iter.Val(), start)
+			var n string
+			switch {
+			case strings.HasSuffix(k, "}:queue"):
+				n = strings.TrimSuffix(k, "}:queue")
+			case strings.HasSuffix(k, "}"):
+				n = strings.TrimSuffix(k, "}")
+			default:
+				continue
+			}
+			mu.Lock()
+			names = append(names, n)
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := d.c.(*goredis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, d.c)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redis: listing locks: %w", err)
+	}
+	return names, nil
+}
