@@ -28,6 +28,7 @@ type Lease struct {
 	lost     <-chan struct{}     // the driver's loss signal, may be nil
 	notifier driver.LossNotifier // the handle, when it reports loss by callback
 	drift    time.Duration       // from the grant, zero for the default
+	since    time.Time           // when the grant's request was sent
 
 	// ops serialises Refresh, Release and Held on the handle, so that the
 	// server sees them in the order their results are applied. It is a
@@ -61,7 +62,7 @@ func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent ti
 		l: l, h: g.Handle, name: req.Name, token: req.Token,
 		fence: g.Fence, hasFence: l.caps.Fencing, opts: o, lost: g.Lost, drift: g.Drift,
 		ttl: req.TTL, done: make(chan struct{}), backoff: o.RetryMin,
-		ops: make(chan struct{}, 1),
+		ops: make(chan struct{}, 1), since: sent,
 	}
 	if g.TTL > 0 {
 		ls.ttl = g.TTL
@@ -161,6 +162,9 @@ func (ls *Lease) onTick() {
 	<-ls.ops
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		return // refresh rescheduled the tick, or the lease has ended
+	}
+	if o := ls.l.obs.Load(); o != nil && ls.Err() == nil {
+		o.emit(Event{Kind: EventRefreshFailed, Context: context.Background(), Name: ls.name, Fence: ls.fence, ValidUntil: until, Err: err})
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -337,6 +341,11 @@ func (ls *Lease) Release(ctx context.Context) error {
 		}
 		return err
 	}
+	o := ls.l.obs.Load()
+	var start time.Time
+	if o != nil {
+		start = time.Now()
+	}
 	if err := ls.h.Release(ctx); err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			err = fmt.Errorf("%w: release of %q: %w", ErrLost, ls.name, err)
@@ -346,6 +355,10 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("dlock: release of %q: %w", ls.name, err)
 	}
 	ls.end(ErrReleased)
+	if o != nil {
+		now := time.Now()
+		o.emit(Event{Kind: EventReleased, Context: ctx, Name: ls.name, Duration: now.Sub(start), Held: now.Sub(ls.since), Fence: ls.fence})
+	}
 	return nil
 }
 
@@ -397,4 +410,7 @@ func (ls *Lease) end(err error) {
 		cancelRefresh()
 	}
 	ls.l.forget(ls)
+	if o := ls.l.obs.Load(); o != nil && !errors.Is(err, ErrReleased) {
+		o.emit(Event{Kind: EventLost, Context: context.Background(), Name: ls.name, Held: time.Since(ls.since), Fence: ls.fence, Err: err})
+	}
 }

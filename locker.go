@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock/driver"
@@ -60,6 +61,7 @@ type Locker struct {
 	leases        map[*Lease]struct{}
 	bg            sync.WaitGroup // leases' timed tasks while they run, abandons
 	sched         sched          // the leases' timed work
+	obs           atomic.Pointer[Observer]
 }
 
 // Capabilities describes the backend: fencing, FIFO waiting, minimum TTL and
@@ -92,6 +94,26 @@ func (l *Locker) acquire(ctx context.Context, name string, opts *Options, wait b
 	if err != nil {
 		return nil, err
 	}
+	obs := l.obs.Load()
+	var start time.Time
+	if obs != nil {
+		start = time.Now()
+	}
+	ls, err := l.acquireValid(ctx, name, o, wait)
+	if obs != nil && !errors.Is(err, ErrInvalid) {
+		ev := Event{Kind: EventAcquired, Context: ctx, Name: name, Duration: time.Since(start), Err: err}
+		if err != nil {
+			ev.Kind = EventAcquireFailed
+		} else {
+			ev.Fence, ev.ValidUntil = ls.fence, ls.ValidUntil()
+		}
+		obs.emit(ev)
+	}
+	return ls, err
+}
+
+// acquireValid is acquire once the input is valid.
+func (l *Locker) acquireValid(ctx context.Context, name string, o Options, wait bool) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, errors.Join(ErrNotAcquired, err)
 	}
@@ -123,8 +145,11 @@ func (l *Locker) acquire(ctx context.Context, name string, opts *Options, wait b
 	}()
 
 	req := driver.Request{Name: name, Token: newToken(), TTL: o.TTL, Metadata: o.Metadata}
-	var g *driver.Grant
-	var sent time.Time
+	var (
+		g    *driver.Grant
+		sent time.Time
+		err  error
+	)
 	switch {
 	case !wait:
 		g, sent, err = l.attempt(actx, req)
@@ -305,6 +330,7 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 		default: // a backend error: keep trying until ctx ends
 			lastErr = err
 			delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
+			l.logRetry(ctx, req.Name, err, delay)
 		}
 		timer.Reset(delay)
 		select {

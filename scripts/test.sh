@@ -56,6 +56,12 @@ if go list -deps ./cmd/dlock | grep -qx testing; then
   exit 1
 fi
 
+# The OpenTelemetry adapter is a module of its own (otel/), so that
+# applications importing dlock do not inherit OpenTelemetry: vet and test it
+# apart (it needs no server).
+step "otel/: go vet ./... && go test -race ./..."
+(cd otel && go vet ./... && go test -race -count=1 ./...)
+
 export DLOCK_REQUIRE_BACKENDS="${DLOCK_REQUIRE_BACKENDS:-1}"
 step "DLOCK_REQUIRE_BACKENDS=$DLOCK_REQUIRE_BACKENDS go test -race -count=1 -timeout 20m ./... $*"
 go test -race -count=1 -timeout 20m ./... "$@"
