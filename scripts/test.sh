@@ -13,10 +13,12 @@ step "bash scripts/docker-setup.sh"
 bash scripts/docker-setup.sh
 
 # The operators' tools the interoperability tests run: psql (postgres) and
-# etcdctl (etcd), from Debian.
+# etcdctl (etcd), from Debian; and the headless browser that renders
+# `dlock bench -html`'s page in a test (chromium).
 missing=()
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   step "apt-get install ${missing[*]}"
   if [ "$(id -u)" -eq 0 ]; then sudo_=""; else sudo_=sudo; fi

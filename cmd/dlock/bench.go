@@ -29,6 +29,7 @@ type benchOptions struct {
 	urls     urlFlag
 	cfg      bench.Config
 	out      string
+	html     string
 	quiet    bool
 }
 
@@ -46,7 +47,8 @@ func benchFlagSet(output io.Writer) (*flag.FlagSet, *benchOptions) {
 	fs.DurationVar(&o.cfg.Settle, "settle", bench.DefaultSettle, "time a handoff waiter is given to reach its wait before the holder releases")
 	fs.IntVar(&o.cfg.Rounds, "rounds", bench.DefaultRounds, "turns dlock and the floor take in each scenario, so that both meet the same load")
 	fs.StringVar(&o.out, "o", "", "also write the report to `file`: .md for Markdown, .json for JSON, .txt for text")
-	fs.BoolVar(&o.quiet, "q", false, "no progress lines on stderr")
+	fs.StringVar(&o.html, "html", "", "also write the report as one self-contained HTML page (charts included) to `file`")
+	fs.BoolVar(&o.quiet, "q", false, "no progress on stderr (on a terminal it is one line rewritten in place, elsewhere a line per measurement)")
 	fs.Usage = func() {
 		w := fs.Output()
 		fmt.Fprintf(w, `Usage: dlock bench [flags]
@@ -67,7 +69,10 @@ Scenarios:
                ONE name for -duration: ops/s, fairness = min/max per worker
   independent  the same on one name per worker: ops/s
 
-The table goes to stdout, progress to stderr.
+The table goes to stdout, progress to stderr. -o and -html also write the
+report to a file; -html's page is self-contained (its charts included) and
+shows the latency distributions, throughputs against each floor, the
+settings and the machine.
 
 Flags:
 `, strings.Join(backendNames(), ", "))
@@ -133,7 +138,9 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail("-duration, -ttl, -n, -handoff-n, -workers and -rounds must be positive, -settle not negative")
 	}
 	if !o.quiet {
-		o.cfg.Progress = stderr
+		p := newProgress(stderr)
+		defer p.Close()
+		o.cfg.Progress = p
 	}
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -153,6 +160,9 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 1
 	}
 	rep, err := bench.Run(ctx, o.cfg, targets)
+	if p, ok := o.cfg.Progress.(*progressWriter); ok {
+		p.Close() // before the table
+	}
 	if rep != nil && len(rep.Backends) > 0 {
 		if werr := rep.WriteText(stdout); werr != nil {
 			fmt.Fprintf(stderr, "dlock bench: %v\n", werr)
@@ -160,6 +170,12 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		if o.out != "" {
 			if werr := writeReport(o.out, format, rep); werr != nil {
+				fmt.Fprintf(stderr, "dlock bench: %v\n", werr)
+				return 1
+			}
+		}
+		if o.html != "" {
+			if werr := writeReport(o.html, bench.FormatHTML, rep); werr != nil {
 				fmt.Fprintf(stderr, "dlock bench: %v\n", werr)
 				return 1
 			}

@@ -175,3 +175,28 @@ func TestBenchRedactsURL(t *testing.T) {
 		t.Errorf("stdout does not show the failures:\n%s", stdout)
 	}
 }
+
+// On a terminal, progress is one line rewritten in place, with failures
+// kept on lines of their own and a newline at the end; elsewhere lines pass
+// through as written.
+func TestProgressWriter(t *testing.T) {
+	var buf bytes.Buffer
+	p := &progressWriter{w: &buf, tty: true}
+	for _, l := range []string{"[1/2] memory dlock uncontended ok\n", "[2/2] memory floor uncontended FAILED: x\n", "[2/2] memory dlock handoff ok\n"} {
+		if _, err := p.Write([]byte(l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close()
+	want := "\r\033[K[1/2] memory dlock uncontended ok\r\033[K[2/2] memory floor uncontended FAILED: x\n\r\033[K[2/2] memory dlock handoff ok\n"
+	if buf.String() != want {
+		t.Errorf("terminal output %q, want %q", buf.String(), want)
+	}
+	buf.Reset()
+	p = &progressWriter{w: &buf}
+	_, _ = p.Write([]byte("a\nb\n"))
+	p.Close()
+	if buf.String() != "a\nb\n" {
+		t.Errorf("plain output %q", buf.String())
+	}
+}

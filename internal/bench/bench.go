@@ -121,6 +121,12 @@ type Report struct {
 	GoVersion  string          `json:"go_version"`
 	GOMAXPROCS int             `json:"gomaxprocs"`
 	NumCPU     int             `json:"num_cpu"`
+	// Machine and Version describe where the run ran: the CPU model and OS
+	// (from /proc/cpuinfo and /etc/os-release where there are), and dlock's
+	// module version ("(devel)" in a checkout).
+	CPU     string `json:"cpu,omitempty"`
+	OS      string `json:"os"`
+	Version string `json:"dlock_version,omitempty"`
 	Config     Config          `json:"config"`
 	Backends   []BackendResult `json:"backends"`
 }
@@ -176,6 +182,9 @@ type Latency struct {
 	Mean      time.Duration `json:"mean_ns"`
 	Max       time.Duration `json:"max_ns"`
 	OpsPerSec float64       `json:"ops_per_sec,omitempty"`
+	// Quantiles are the 0th to 100th percentiles (101 values): the
+	// distribution, for the HTML report's CDF.
+	Quantiles []time.Duration `json:"quantiles_ns,omitempty"`
 }
 
 // Throughput is a throughput scenario's outcome.
@@ -237,12 +246,15 @@ func Run(ctx context.Context, cfg Config, targets []Target) (*Report, error) {
 	rep := &Report{
 		Started: time.Now(), GoVersion: runtime.Version(),
 		GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(), Config: cfg,
+		CPU: cpuModel(), OS: osName(), Version: dlockVersion(),
 	}
+	total := len(targets) * 8 // scenarios × clients: the progress lines' denominator
+	step := 0
 	for _, t := range targets {
 		if t.Open == nil || t.Floor == nil {
 			return rep, fmt.Errorf("bench: target %q lacks Open or Floor", t.Backend)
 		}
-		r := &runner{cfg: cfg, t: t, run: runID()}
+		r := &runner{cfg: cfg, t: t, run: runID(), step: &step, steps: total}
 		b := r.measure(ctx)
 		rep.Backends = append(rep.Backends, b)
 		if err := ctx.Err(); err != nil {

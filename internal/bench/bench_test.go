@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -58,13 +59,19 @@ func TestSummarize(t *testing.T) {
 	samples := []time.Duration{5, 1, 4, 2, 3}
 	l := Summarize(samples, 10*time.Second)
 	want := Latency{N: 5, P50: 3, P99: 5, Mean: 3, Max: 5, OpsPerSec: 0.5}
-	if l != want {
+	q := l.Quantiles
+	l.Quantiles = nil
+	if !reflect.DeepEqual(l, want) {
 		t.Errorf("Summarize = %+v, want %+v", l, want)
+	}
+	// The 0th..100th percentiles, nearest rank: 1 up to 20%, 2 up to 40%…
+	if len(q) != 101 || q[0] != 1 || q[20] != 1 || q[21] != 2 || q[50] != 3 || q[100] != 5 {
+		t.Errorf("Quantiles = %v, want 101 nearest-rank percentiles of 1..5", q)
 	}
 	if samples[0] != 5 {
 		t.Errorf("Summarize sorted its input: %v", samples)
 	}
-	if z := Summarize(nil, 0); z != (Latency{}) {
+	if z := Summarize(nil, 0); z.Quantiles != nil || z.N != 0 || z.P50 != 0 {
 		t.Errorf("Summarize(nil) = %+v, want zero", z)
 	}
 }

@@ -17,6 +17,7 @@ const (
 	FormatText     = "text"
 	FormatMarkdown = "markdown"
 	FormatJSON     = "json"
+	FormatHTML     = "html"
 )
 
 // FormatFor picks the output format from a file name's extension: .md for
@@ -29,8 +30,10 @@ func FormatFor(path string) (string, error) {
 		return FormatJSON, nil
 	case ".txt":
 		return FormatText, nil
+	case ".html", ".htm":
+		return FormatHTML, nil
 	}
-	return "", fmt.Errorf("bench: cannot tell the format of %q from its extension (want .md, .json or .txt)", path)
+	return "", fmt.Errorf("bench: cannot tell the format of %q from its extension (want .md, .json, .txt or .html)", path)
 }
 
 // Write renders the report in format.
@@ -42,6 +45,8 @@ func (r *Report) Write(w io.Writer, format string) error {
 		return r.WriteMarkdown(w)
 	case FormatJSON:
 		return r.WriteJSON(w)
+	case FormatHTML:
+		return r.WriteHTML(w)
 	}
 	return fmt.Errorf("bench: unknown format %q", format)
 }

@@ -19,6 +19,9 @@ type runner struct {
 	t    Target
 	run  string // unique to the run, in every lock name
 	caps *dlock.Capabilities
+	// step counts the measurements reported so far in the run, of steps.
+	step  *int
+	steps int
 }
 
 // client is one of the two ways to take locks on the target.
@@ -101,12 +104,13 @@ func (r *runner) measure(ctx context.Context) BackendResult {
 			break // cut short: not a failure of the backend
 		}
 		for _, l := range lanes {
+			*r.step++
 			if l.err != nil {
 				l.res.Errors = append(l.res.Errors, sc.name+": "+l.err.Error())
-				r.progress("%-8s %-5s %-11s FAILED: %v", r.t.Backend, l.c.name, sc.name, l.err)
+				r.progress("[%d/%d] %-8s %-5s %-11s FAILED: %v", *r.step, r.steps, r.t.Backend, l.c.name, sc.name, l.err)
 				continue
 			}
-			r.progress("%-8s %-5s %-11s %s", r.t.Backend, l.c.name, sc.name, l.summary)
+			r.progress("[%d/%d] %-8s %-5s %-11s %s", *r.step, r.steps, r.t.Backend, l.c.name, sc.name, l.summary)
 		}
 	}
 	if r.caps != nil {

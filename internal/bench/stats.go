@@ -33,6 +33,12 @@ func Summarize(samples []time.Duration, elapsed time.Duration) Latency {
 	slices.Sort(s)
 	l := Latency{N: len(s), P50: Percentile(s, 50), P99: Percentile(s, 99)}
 	if len(s) > 0 {
+		l.Quantiles = make([]time.Duration, 101)
+		for p := range l.Quantiles {
+			l.Quantiles[p] = Percentile(s, float64(p))
+		}
+	}
+	if len(s) > 0 {
 		var sum time.Duration
 		for _, d := range s {
 			sum += d
