@@ -117,18 +117,18 @@ type Target struct {
 
 // Report is the outcome of a run.
 type Report struct {
-	Started    time.Time       `json:"started"`
-	GoVersion  string          `json:"go_version"`
-	GOMAXPROCS int             `json:"gomaxprocs"`
-	NumCPU     int             `json:"num_cpu"`
+	Started    time.Time `json:"started"`
+	GoVersion  string    `json:"go_version"`
+	GOMAXPROCS int       `json:"gomaxprocs"`
+	NumCPU     int       `json:"num_cpu"`
 	// Machine and Version describe where the run ran: the CPU model and OS
 	// (from /proc/cpuinfo and /etc/os-release where there are), and dlock's
 	// module version ("(devel)" in a checkout).
-	CPU     string `json:"cpu,omitempty"`
-	OS      string `json:"os"`
-	Version string `json:"dlock_version,omitempty"`
-	Config     Config          `json:"config"`
-	Backends   []BackendResult `json:"backends"`
+	CPU      string          `json:"cpu,omitempty"`
+	OS       string          `json:"os"`
+	Version  string          `json:"dlock_version,omitempty"`
+	Config   Config          `json:"config"`
+	Backends []BackendResult `json:"backends"`
 }
 
 // Err joins every scenario error of the report, or returns nil.
