@@ -12,21 +12,21 @@ func TestReleaseWatchWake(t *testing.T) {
 	w := newReleaseWatch(5, 3)
 	defer w.stop()
 	for i := range 2 {
-		w.notify(i, true)
+		w.notify(i, "0a:7", true)
 	}
 	select {
 	case <-w.c:
 		t.Fatal("woken by two of five nodes at once")
 	default:
 	}
-	w.notify(2, true)
+	w.notify(2, "0a:7", true)
 	select {
 	case <-w.c:
 	default:
 		t.Fatal("no wake as the third of five nodes handed over the release")
 	}
-	w.notify(3, true)
-	w.notify(4, true)
+	w.notify(3, "0a:7", true)
+	w.notify(4, "0a:7", true)
 	start := time.Now()
 	select {
 	case <-w.c:
@@ -47,7 +47,7 @@ func TestReleaseWatchWake(t *testing.T) {
 // that, then after twice as long; a hand-off brings it back to fallbackMin.
 func TestReleaseWatchFallback(t *testing.T) {
 	w := newReleaseWatch(1, 1)
-	w.d = &driver{watching: map[string]map[*releaseWatch]struct{}{}, live: map[string]bool{}, gone: map[string]string{}}
+	w.d = &driver{watching: map[string]map[*releaseWatch]struct{}{}, live: map[string]bool{}, gone: map[string]goneWait{}}
 	w.quorum = 0 // no nodes: stop removes nothing
 	defer w.stop()
 	w.mu.Lock()
@@ -70,7 +70,7 @@ func TestReleaseWatchFallback(t *testing.T) {
 	if d := wake(); d < 2*fallbackMin {
 		t.Errorf("second fallback after %v; want at least %v", d, 2*fallbackMin)
 	}
-	w.notify(0, false) // a reconnection, as a hand-off, starts again
+	w.notify(0, "", false) // a reconnection, as a hand-off, starts again
 	<-w.c
 	if d := wake(); d < fallbackMin || d > 2*fallbackMin+time.Second {
 		t.Errorf("fallback after a wake came after %v; want %v to %v (+1s slack)", d, fallbackMin, 2*fallbackMin)
