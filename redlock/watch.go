@@ -277,7 +277,7 @@ func (w *releaseWatch) stop() {
 	giveBack := !w.granted && w.px > 0
 	w.idle = sync.NewCond(&w.mu)
 	w.mu.Unlock()
-	w.d.unwatch(w)
+	w.d.unwatch(w, giveBack)
 	n := 0
 	done := make(chan struct{}, len(clean))
 	for i, nd := range w.d.nodes {
@@ -340,10 +340,14 @@ const maxGone = 256
 // goneWait is a waiter that left: what pass.lua needs.
 type goneWait struct {
 	name, ticket string
-	token        string // the hand-off token, "" for a waiter that only watched
+	token        string // the hand-off token to give back; "" for a waiter that only watched
+	held         bool   // granted by its hand-offs: the lease holds what is handed to it (the hand-off removed the ticket)
 }
 
-func (d *driver) unwatch(w *releaseWatch) {
+// unwatch forgets a waiter that left; giveBack: what a node hands it from
+// now on is to be given back (see missed), unless it was granted by its
+// hand-offs, whose nodes, handed to it before or after, the lease holds.
+func (d *driver) unwatch(w *releaseWatch, giveBack bool) {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	delete(d.watching[w.name], w)
@@ -356,8 +360,11 @@ func (d *driver) unwatch(w *releaseWatch) {
 		d.goneIDs = d.goneIDs[1:]
 	}
 	g := goneWait{name: w.name, ticket: w.ticket}
-	if w.px > 0 {
+	switch {
+	case giveBack:
 		g.token = w.id
+	case w.px > 0:
+		g.held = true
 	}
 	d.gone[w.id] = g
 	d.goneIDs = append(d.goneIDs, w.id)
@@ -376,7 +383,7 @@ func (d *driver) missed(i int, payload string) {
 		return
 	}
 	g, ok := d.gone[id]
-	if !ok || d.closing {
+	if !ok || g.held || d.closing {
 		return
 	}
 	keys := d.keys(g.name)
