@@ -1,18 +1,18 @@
 -- pass.lua: give back what was handed to a wait that has ended without a
 -- grant, or that reached its Locker after it ended (see release.lua): drop
--- its ticket and, if the lock holds the wait's hand-off token (or is free),
--- delete it and hand it to the next waiter as a release does.
+-- its ticket and, if the lock holds the wait's hand-off token, delete it and
+-- hand it to the next waiter as a release does.
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the waiters' queue
 -- KEYS[3]  default layout only: the node's fencing counter
 -- ARGV[1]  the ticket of the wait that has ended
--- ARGV[2]  its hand-off token ("" for a waiter that only watched)
+-- ARGV[2]  its hand-off token ("" for a waiter that only watched: nothing
+--          to give back)
 --
 -- Returns 1 when the lock was handed on, 0 otherwise.
 redis.call("ZREM", KEYS[2], ARGV[1])
-local holder = redis.pcall("GET", KEYS[1])
-if holder and holder ~= ARGV[2] then
+if ARGV[2] == "" or redis.pcall("GET", KEYS[1]) ~= ARGV[2] then
 	return 0
 end
 redis.call("DEL", KEYS[1])
