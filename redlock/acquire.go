@@ -81,9 +81,11 @@ type acquisition struct {
 //
 // An attempt of a wait that a majority of nodes handed the lock to is
 // granted from those hand-offs without a request (see handedGrant).
-// Otherwise an attempt of a wait that was handed some nodes adopts them
-// (and, from then on, every attempt of that wait does); one that was handed
-// none only reports nodes it finds handed to its wait (see acquire.lua).
+// Otherwise an attempt of a wait reports the nodes it finds handed to the
+// wait (see acquire.lua), unless the wait was handed some nodes and then
+// nothing for fallbackMin (a split of the nodes among waiters, or
+// hand-offs astray): that attempt adopts them, and so does every later
+// attempt of the wait.
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	d.prewatch(ctx, req)
 	var wait *releaseWatch
@@ -100,7 +102,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 			return g, err
 		}
 		wait.mu.Lock()
-		if wait.nHanded > 0 || !wait.direct {
+		if !wait.direct || wait.nHanded > 0 && wait.stale {
 			// Its records are no longer to be trusted once this attempt
 			// may have taken a handed node over (and may give it back).
 			wait.direct = false
@@ -599,7 +601,7 @@ func (d *driver) handedGrant(ctx context.Context, req dlockdriver.Request, rw *r
 		}
 	}
 	rw.mu.Lock()
-	rw.granted = true
+	rw.granted, rw.lease = true, h
 	rw.mu.Unlock()
 	return &dlockdriver.Grant{
 		Handle: h,

@@ -492,6 +492,37 @@ type handle struct {
 	mu       sync.Mutex
 	ttl      time.Duration // the last TTL asked for, for node timeouts
 	released []bool        // nodes from which the lock was deleted
+
+	// A lease granted by hand-offs: hand-offs to its wait heard after the
+	// wait ended, to give back once the lease is released (see missed).
+	ended bool
+	late  []func()
+}
+
+// afterEnd runs give when the lease has been released (or its loss cleaned
+// up), at once if it has.
+func (h *handle) afterEnd(give func()) {
+	h.mu.Lock()
+	if !h.ended {
+		h.late = append(h.late, give)
+		h.mu.Unlock()
+		return
+	}
+	h.mu.Unlock()
+	give()
+}
+
+// end marks the lease released and gives back what was handed to its wait
+// meanwhile (see missed).
+func (h *handle) end() {
+	h.mu.Lock()
+	h.ended = true
+	late := h.late
+	h.late = nil
+	h.mu.Unlock()
+	for _, give := range late {
+		give()
+	}
 }
 
 // Refresh runs the compare-and-pexpire script on every node and succeeds
@@ -542,6 +573,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 // on the nodes that still have it, so that it does not stand in a
 // contender's way until it expires.
 func (h *handle) cleanUp(ctx context.Context) {
+	defer h.end()
 	for i, nd := range h.d.nodes {
 		h.d.bg.Add(1)
 		go func() {
@@ -564,6 +596,7 @@ func (h *handle) timeout() time.Duration {
 // the lock has been deleted from a majority (counting nodes where an earlier
 // try deleted it), and reports ErrNotHeld when a majority no longer held it.
 func (h *handle) Release(ctx context.Context) error {
+	defer h.end()
 	d := h.d
 	n, q := len(d.nodes), d.quorum
 	timeout := h.timeout()

@@ -47,7 +47,9 @@ const queueTTL = time.Minute
 // handed it the lock it is woken, and its next attempt is granted at once
 // from those records (see handedGrant). When fewer do, it is woken
 // settleDelay after the first, and its next attempt asks every node,
-// adopting the nodes handed to it (see acquire.lua). A connection that
+// counting those it finds handed to it as hand-offs; an attempt after a
+// fallback wake-up adopts them instead (see acquire.lua), which ends a
+// split of the nodes among waiters. A connection that
 // failed or was subscribed again may have missed a hand-off (and the node
 // may have dropped the ticket of a Locker it did not hear): that wakes the
 // waiter at once, and its attempt registers its ticket there again, or
@@ -90,7 +92,9 @@ type releaseWatch struct {
 	fences  []uint64
 	nHanded int
 	direct  bool
-	granted bool // a hand-off grant: the lease's token is id
+	stale   bool // the fallback woke the waiter (no hand-off for fallbackMin or more): its next attempt adopts
+	granted bool    // a hand-off grant: the lease's token is id
+	lease   *handle // the hand-off grant's
 }
 
 func newReleaseWatch(nodes, quorum int) *releaseWatch {
@@ -216,6 +220,7 @@ func (w *releaseWatch) fellBack() {
 		return
 	}
 	w.quiet *= 2
+	w.stale = true
 	w.fire()
 }
 
@@ -274,10 +279,10 @@ func (w *releaseWatch) stop() {
 	for i := range clean {
 		clean[i] = w.deq[i] && w.inflight[i] == 0
 	}
-	giveBack := !w.granted && w.px > 0
+	giveBack, lease := !w.granted && w.px > 0, w.lease
 	w.idle = sync.NewCond(&w.mu)
 	w.mu.Unlock()
-	w.d.unwatch(w, giveBack)
+	w.d.unwatch(w, giveBack, lease)
 	n := 0
 	done := make(chan struct{}, len(clean))
 	for i, nd := range w.d.nodes {
@@ -340,14 +345,16 @@ const maxGone = 256
 // goneWait is a waiter that left: what pass.lua needs.
 type goneWait struct {
 	name, ticket string
-	token        string // the hand-off token to give back; "" for a waiter that only watched
-	held         bool   // granted by its hand-offs: the lease holds what is handed to it (the hand-off removed the ticket)
+	token        string  // the hand-off token to give back; "" for a waiter that only watched
+	lease        *handle // granted by its hand-offs: give back only once its release began
 }
 
 // unwatch forgets a waiter that left; giveBack: what a node hands it from
-// now on is to be given back (see missed), unless it was granted by its
-// hand-offs, whose nodes, handed to it before or after, the lease holds.
-func (d *driver) unwatch(w *releaseWatch, giveBack bool) {
+// now on is to be given back (see missed). A waiter granted by its
+// hand-offs (lease) gives back only what is handed to it once that lease's
+// release has begun: before, its lease holds it (and its release deletes
+// it).
+func (d *driver) unwatch(w *releaseWatch, giveBack bool, lease *handle) {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	delete(d.watching[w.name], w)
@@ -360,11 +367,8 @@ func (d *driver) unwatch(w *releaseWatch, giveBack bool) {
 		d.goneIDs = d.goneIDs[1:]
 	}
 	g := goneWait{name: w.name, ticket: w.ticket}
-	switch {
-	case giveBack:
-		g.token = w.id
-	case w.px > 0:
-		g.held = true
+	if w.px > 0 && (giveBack || lease != nil) {
+		g.token, g.lease = w.id, lease
 	}
 	d.gone[w.id] = g
 	d.goneIDs = append(d.goneIDs, w.id)
@@ -374,7 +378,9 @@ func (d *driver) unwatch(w *releaseWatch, giveBack bool) {
 // a name's channel (with the hub's lock held): one for a wait that has left
 // (its ticket was still in the queue) is given back and passed on to the
 // next waiter, in the background, so that the lock does not sit held for
-// nobody while the others wait.
+// nobody while the others wait; for a wait granted by its hand-offs, once
+// its lease has been released (until then the lease holds it, and its
+// release deletes it where it is there in time).
 func (d *driver) missed(i int, payload string) {
 	id, _, _ := strings.Cut(payload, ":")
 	d.wmu.Lock()
@@ -383,18 +389,29 @@ func (d *driver) missed(i int, payload string) {
 		return
 	}
 	g, ok := d.gone[id]
-	if !ok || g.held || d.closing {
+	if !ok || d.closing {
 		return
 	}
 	keys := d.keys(g.name)
 	nd := d.nodes[i]
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		nctx, cancel := nodeCtx(context.Background(), d.watchTimeout(), true)
-		defer cancel()
-		_ = passScript.Run(nctx, nd.c, keys, g.ticket, g.token).Err()
-	}()
+	give := func() {
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			nctx, cancel := nodeCtx(context.Background(), d.watchTimeout(), true)
+			defer cancel()
+			_ = passScript.Run(nctx, nd.c, keys, g.ticket, g.token).Err()
+		}()
+	}
+	if g.lease != nil {
+		d.bg.Add(1)
+		go func() { // not under the hub's lock
+			defer d.bg.Done()
+			g.lease.afterEnd(give)
+		}()
+		return
+	}
+	give()
 }
 
 // watchTimeout bounds the queue requests of a waiter, which knows no TTL.
