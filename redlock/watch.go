@@ -92,7 +92,7 @@ type releaseWatch struct {
 	fences  []uint64
 	nHanded int
 	direct  bool
-	stale   bool // the fallback woke the waiter (no hand-off for fallbackMin or more): its next attempt adopts
+	stale   bool    // the fallback woke the waiter (no hand-off for fallbackMin or more): its next attempt adopts
 	granted bool    // a hand-off grant: the lease's token is id
 	lease   *handle // the hand-off grant's
 }
