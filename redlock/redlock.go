@@ -309,7 +309,7 @@ func (d *driver) WatchWait(ctx context.Context, req dlockdriver.Request) (<-chan
 	if w != nil {
 		return w.rw.c, true, nil
 	}
-	rw, stop, err := d.watch(ctx, req.Name, req.Wait, millis(req.TTL))
+	rw, stop, err := d.watch(ctx, req.Name, newToken(), millis(req.TTL))
 	if err != nil {
 		return nil, false, err
 	}
@@ -349,7 +349,7 @@ func (d *driver) prewatch(ctx context.Context, req dlockdriver.Request) {
 			return
 		}
 	}
-	rw, stop, err := d.watch(ctx, req.Name, req.Wait, millis(req.TTL))
+	rw, stop, err := d.watch(ctx, req.Name, newToken(), millis(req.TTL))
 	if err != nil {
 		return // the attempt goes on without: WatchWait watches
 	}

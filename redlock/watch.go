@@ -103,6 +103,15 @@ func newReleaseWatch(nodes, quorum int) *releaseWatch {
 		handed: make([]bool, nodes), fences: make([]uint64, nodes), direct: true, since: time.Now()}
 }
 
+// newToken returns 32 random hex digits: a wait's hand-off token, fresh for
+// each watch, so that what was handed to one watch is never taken for
+// another's (each counts its validity from its own start).
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // newID returns 16 random hex digits.
 func newID() string {
 	var b [8]byte
