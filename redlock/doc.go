@@ -85,8 +85,7 @@
 // its nodes and asks the nodes held by others again, half an attempt's
 // time later and then backing off, for up to four times its first round's
 // time (at most half the validity), until it holds a majority. A leader
-// that gives up gives its nodes back and announces it, waking the next
-// waiter;
+// that gives up gives its nodes back and hands them to the next waiter;
 // a contender that cannot tell the leader yet (nodes still to answer)
 // waits for them; one that took no node never leads. Contenders whose views
 // differed (a node answered one of them after another gave its node back)
@@ -178,10 +177,13 @@
 // round trip too; and waiters are served about in the order they came,
 // since the lock is never free between them for one that did not wait.
 // When fewer than a majority handed it the lock within 10ms of the first,
-// the waiter asks every node, adopting the nodes handed to it (its attempt
-// takes them over, as if it had taken them itself); an attempt that finds a
-// node handed to its wait while it has heard of no hand-off counts it as
-// one.
+// the waiter asks every node, and counts the nodes it finds handed to it as
+// hand-offs (their messages may be late, or lost). A waiter handed some
+// nodes and then nothing until its fallback (below) adopts them in its next
+// attempt (takes them over as if it had taken them itself, and gives them
+// back, handing them on, if it loses), and so does every later attempt of
+// its wait: that ends a split of the nodes among waiters (tickets
+// registered on some nodes only).
 //
 // Why a hand-off grant is safe: a node sets the lock to the hand-off token
 // only after the ticket that carried it was registered there, that is

@@ -2,6 +2,8 @@ package redlock_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,8 +23,10 @@ func queueLen(ctx context.Context, t *testing.T, r *goredis.Client, name string)
 
 // Waiters are served in the order they began to wait: three waiters, each
 // its own Locker, queued one after another behind a holder, are granted in
-// that order, each handed the lock by the previous one's release; and no
-// queue or reservation is left once all have released.
+// that order, each handed the lock by the previous one's release, which
+// grants it on every node in its script (the lock is never free between
+// them, and each grant's fencing token is above the last); and no queue or
+// lock is left once all have released.
 func TestQueueOrder(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, 5, nil)
@@ -61,15 +65,33 @@ func TestQueueOrder(t *testing.T) {
 			return queued >= len(c.raws)/2+1
 		})
 	}
+	// handedOn asserts that the release that just returned handed the lock
+	// on: every node holds it, for someone other than the releaser.
+	handedOn := func(from string) {
+		t.Helper()
+		for i, r := range c.raws {
+			v, err := r.Get(ctx, lockKey(name)).Result()
+			if err != nil || v == "" || v == from {
+				t.Fatalf("node %d right after %s's release: lock %q, %v; want it handed to the next waiter", i, from, v, err)
+			}
+		}
+	}
 	if err := ls.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	handedOn("the holder")
+	last, _ := ls.Fence()
 	for want := range waiters {
 		select {
 		case got := <-granted:
 			if got != want {
 				t.Fatalf("waiter %d granted; want waiter %d, the first in the queue", got, want)
 			}
+			f, _ := leases[got].Fence()
+			if f <= last {
+				t.Fatalf("waiter %d granted with fencing token %d, not above the previous %d", got, f, last)
+			}
+			last = f
 			// The next waiter stays queued while this one holds.
 			select {
 			case other := <-granted:
@@ -79,6 +101,9 @@ func TestQueueOrder(t *testing.T) {
 			if err := leases[got].Release(ctx); err != nil {
 				t.Fatal(err)
 			}
+			if got < waiters-1 {
+				handedOn("waiter " + strconv.Itoa(got))
+			}
 		case err := <-errs:
 			t.Fatal(err)
 		case <-time.After(10 * time.Second):
@@ -87,9 +112,9 @@ func TestQueueOrder(t *testing.T) {
 	}
 	// A waiter granted by a majority removes its ticket from the other
 	// nodes in the background.
-	eventually(t, 5*time.Second, "no queue or reservation left after every waiter released", func() bool {
+	eventually(t, 5*time.Second, "no queue or lock left after every waiter released", func() bool {
 		for _, r := range c.raws {
-			n, err := r.Exists(ctx, lockKey(name)+":waiters", lockKey(name)+":next").Result()
+			n, err := r.Exists(ctx, lockKey(name)+":waiters", lockKey(name)).Result()
 			if err != nil || n != 0 {
 				return false
 			}
@@ -99,8 +124,8 @@ func TestQueueOrder(t *testing.T) {
 }
 
 // A ticket whose Locker no longer listens (a process that died while
-// waiting) is skipped: the release goes to the next waiter at once, not
-// after the waiter's fallback.
+// waiting) is skipped: the lock is never set to its hand-off token, and the
+// release goes to the next waiter at once, not after the waiter's fallback.
 func TestQueueDeadTicket(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, 3, nil)
@@ -112,8 +137,9 @@ func TestQueueDeadTicket(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A dead process's ticket, first in the queue on every node.
+	const deadToken = "0123456789abcdef0123456789abcdef"
 	for _, r := range c.raws {
-		if err := r.ZAdd(ctx, lockKey(name)+":waiters", goredis.Z{Score: 1, Member: "0123456789abcdef:0123456789abcdef"}).Err(); err != nil {
+		if err := r.ZAdd(ctx, lockKey(name)+":waiters", goredis.Z{Score: 1, Member: "0123456789abcdef:" + deadToken + ":20000"}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -144,6 +170,11 @@ func TestQueueDeadTicket(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	defer func() { _ = r.ls.Release(ctx) }()
+	for i, rc := range c.raws {
+		if v, _ := rc.Get(ctx, lockKey(name)).Result(); v == deadToken {
+			t.Errorf("node %d handed the lock to the dead waiter", i)
+		}
+	}
 	// The fallback would wake the waiter 200ms or more after it last was.
 	if lag := r.at.Sub(released); lag > 150*time.Millisecond {
 		t.Errorf("waiter granted %v after the release; want well within its 200ms fallback", lag)
@@ -160,7 +191,8 @@ func TestQueueDeadTicket(t *testing.T) {
 
 // A release handed to a waiter that has left while its Locker still
 // listens (its ticket put back after it left, as a registration landing
-// late would) is passed on by that Locker to the next waiter at once, not
+// late would) is given back by that Locker (the lock no longer holds the
+// left wait's hand-off token) and handed to the next waiter at once, not
 // after the next waiter's fallback.
 func TestQueuePassOn(t *testing.T) {
 	ctx := testCtx(t)
@@ -247,5 +279,14 @@ func TestQueuePassOn(t *testing.T) {
 	defer func() { _ = r.ls.Release(ctx) }()
 	if lag := r.at.Sub(released); lag > 120*time.Millisecond {
 		t.Errorf("second waiter granted %v after the release; want well within its 200ms fallback", lag)
+	}
+	parts := strings.Split(ticket[0], ":")
+	if len(parts) != 3 {
+		t.Fatalf("ticket %q: want <locker>:<wait>:<ttl>", ticket[0])
+	}
+	for i, rc := range c.raws {
+		if v, _ := rc.Get(ctx, lockKey(name)).Result(); v == parts[1] {
+			t.Errorf("node %d still holds the lock for the waiter that left", i)
+		}
 	}
 }
