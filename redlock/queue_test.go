@@ -295,3 +295,86 @@ func TestQueuePassOn(t *testing.T) {
 		return true
 	})
 }
+
+// A lease granted by hand-offs is valid no longer than the lock lives on a
+// majority of nodes: its validity counts from when its wait began (every
+// handing node set the lock later, for the full TTL), and when that leaves
+// less than two thirds of the TTL, the lock is refreshed first and the
+// validity counts from the refresh. Both cases: a release as soon as the
+// waiter is queued, and one half a TTL after it began to wait.
+func TestQueueHandoffValidity(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, 3, nil)
+	holder := newLocker(t, c.clients(t), nil)
+	waiter := newLocker(t, c.clients(t), nil)
+	const ttl = 2 * time.Second
+	for _, hold := range []time.Duration{0, ttl / 2} {
+		name := "validity-" + randomHex(4)
+		ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			ls    *dlock.Lease
+			err   error
+			at    time.Time
+			until time.Time
+		}
+		done := make(chan result, 1)
+		start := time.Now()
+		go func() {
+			l, err := waiter.Acquire(ctx, name, &dlock.Options{TTL: ttl, NoRefresh: true})
+			r := result{ls: l, err: err, at: time.Now()}
+			if err == nil {
+				r.until = l.ValidUntil()
+			}
+			done <- r
+		}()
+		eventually(t, 15*time.Second, "the waiter queued on every node", func() bool {
+			for _, r := range c.raws {
+				if queueLen(ctx, t, r, name) != 1 {
+					return false
+				}
+			}
+			return true
+		})
+		time.Sleep(time.Until(start.Add(hold))) // the wait's age is the subject
+		releasing := time.Now()
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		// Safety: a majority of nodes keeps the lock at least until the
+		// lease's ValidUntil (PTTLs read after the validity left was).
+		left, read := time.Until(r.until), time.Now()
+		keep := 0
+		for _, rc := range c.raws {
+			pttl, err := rc.PTTL(ctx, lockKey(name)).Result()
+			if err == nil && pttl+time.Since(read) >= left {
+				keep++
+			}
+		}
+		if keep < len(c.raws)/2+1 {
+			t.Errorf("held %v: the lock outlives the lease's validity (%v left) on %d of %d nodes; want a majority", hold, left, keep, len(c.raws))
+		}
+		if hold <= ttl/3 && r.until.After(releasing.Add(ttl)) {
+			// The nodes set the lock once the release began, at the
+			// earliest: counted from the wait's start, the validity ends
+			// before that plus the TTL.
+			t.Errorf("valid until %v after the release began; want at most the TTL %v", r.until.Sub(releasing), ttl)
+		}
+		if hold > ttl/3 {
+			// Counted from the wait's start, the validity would end within
+			// ttl-hold of the grant: the refresh gave it about a TTL.
+			if v := r.until.Sub(r.at); v < ttl*6/10 {
+				t.Errorf("held %v: granted with %v of validity; want the lock refreshed first (about %v)", hold, v, ttl)
+			}
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
