@@ -19,7 +19,9 @@ type acqReply struct {
 	i       int
 	fenced  bool   // the answer to fence.lua
 	granted bool   // the node took the lock (acquire) or holds it at the fence (fenced)
-	counter uint64 // acquire, granted: the node's fencing counter
+	counter uint64 // acquire, granted or handed: the node's fencing counter
+	adopted bool   // acquire, granted: the node held the lock for the wait, which this attempt took over
+	handed  bool   // acquire: the node holds the lock for the wait (not adopted); busy for this attempt
 	pttl    int64  // acquire, busy: the holder's remaining ms, -1 for none
 	holder  string // acquire, busy: the holder's token
 	err     error
@@ -47,9 +49,10 @@ type acquisition struct {
 	timeout time.Duration
 	start   time.Time
 	h       *handle
-	tickets string        // the tickets of this Locker's waiters on the name (see acquire.lua)
-	regs    []any         // their scores and tickets, to register where the lock is busy
-	own     *releaseWatch // the one waiter of this Locker on the name, if there is one
+	regs    []any         // this Locker's waiters on the name: their scores and tickets, to register where the lock is busy
+	own     *releaseWatch // the attempt's wait, or else the one waiter of this Locker on the name, if there is one
+	wait    *releaseWatch // the attempt's wait, when it has a hand-off token
+	adopt   bool          // take over nodes handed to the wait (see acquire.lua)
 
 	replies chan acqReply
 	again   []chan struct{} // 1-buffered: run the acquire script on the node again
@@ -75,8 +78,38 @@ type acquisition struct {
 // attempt that failed gives it back at once, waking waiters only if others
 // may be waiting for this attempt: when its caller abandoned it, or when it
 // led a split vote and gave up.
+//
+// An attempt of a wait that a majority of nodes handed the lock to is
+// granted from those hand-offs without a request (see handedGrant).
+// Otherwise an attempt of a wait reports the nodes it finds handed to the
+// wait (see acquire.lua), unless the wait was handed some nodes and then
+// nothing for fallbackMin (a split of the nodes among waiters, or
+// hand-offs astray): that attempt adopts them, and so does every later
+// attempt of the wait.
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	d.prewatch(ctx, req)
+	var wait *releaseWatch
+	if req.Wait != "" {
+		d.wmu.Lock()
+		if w := d.waits[req.Wait]; w != nil && w.rw.px > 0 {
+			wait = w.rw
+		}
+		d.wmu.Unlock()
+	}
+	adopt := false
+	if wait != nil {
+		if g, ok, err := d.handedGrant(ctx, req, wait); ok {
+			return g, err
+		}
+		wait.mu.Lock()
+		if !wait.direct || wait.nHanded > 0 && wait.stale {
+			// Its records are no longer to be trusted once this attempt
+			// may have taken a handed node over (and may give it back).
+			wait.direct = false
+			adopt = true
+		}
+		wait.mu.Unlock()
+	}
 	n := len(d.nodes)
 	a := &acquisition{
 		d: d, req: req, keys: d.keys(req.Name), px: millis(req.TTL), timeout: d.timeout(req.TTL),
@@ -91,7 +124,10 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	a.h = &handle{d: d, keys: a.keys, token: req.Token, ttl: req.TTL,
 		acquired: make([]chan struct{}, n), released: make([]bool, n)}
 	a.announce = true
-	a.tickets, a.regs, a.own = d.tickets(req.Name)
+	a.regs, a.own = d.tickets(req.Name)
+	if wait != nil {
+		a.own, a.wait, a.adopt = wait, wait, adopt
+	}
 	for i := range n {
 		a.h.acquired[i] = make(chan struct{})
 		a.again[i] = make(chan struct{}, 1)
@@ -114,6 +150,7 @@ func (a *acquisition) ask(ctx context.Context, i int) {
 	go func() {
 		defer d.bg.Done()
 		defer close(a.h.acquired[i])
+		var adopted bool
 		for {
 			own, regs := "", a.regs
 			if a.own != nil {
@@ -123,11 +160,19 @@ func (a *acquisition) ask(ctx context.Context, i int) {
 					regs = nil // it left: do not queue it again
 				}
 			}
-			r := nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px, a.tickets, own, regs)
+			waitToken := ""
+			if a.wait != nil {
+				waitToken = a.wait.id
+			}
+			r := nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px, own, regs, waitToken, a.adopt)
 			if own != "" {
 				a.own.untrack(i, r.granted)
 			}
+			if r.handed {
+				a.wait.found(i, r.counter)
+			}
 			r.i = i
+			adopted = r.adopted
 			a.replies <- r
 			if r.granted {
 				break
@@ -147,7 +192,9 @@ func (a *acquisition) ask(ctx context.Context, i int) {
 		case <-a.decided:
 		}
 		if !a.won {
-			_, _ = nd.release(ctx, a.timeout, true, a.keys, a.req.Token, a.announce)
+			// A node taken over from the wait is handed on to the next
+			// waiter, as the release it came from would have.
+			_, _ = nd.release(ctx, a.timeout, true, a.keys, a.req.Token, a.announce || adopted)
 		}
 	}()
 }
@@ -435,10 +482,14 @@ func (a *acquisition) refused(why outcome) error {
 // acquire runs acquire.lua on the node. The request is detached from ctx:
 // its outcome matters even when the caller has left, since a lock it took
 // must be given back.
-func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64, tickets, own string, regs []any) acqReply {
+func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64, own string, regs []any, waitToken string, adopt bool) acqReply {
 	nctx, cancel := nodeCtx(ctx, timeout, true)
 	defer cancel()
-	args := append([]any{token, px, tickets, own, queueTTL.Milliseconds()}, regs...)
+	adoptArg := "0"
+	if adopt {
+		adoptArg = "1"
+	}
+	args := append([]any{token, px, own, queueTTL.Milliseconds(), waitToken, adoptArg}, regs...)
 	v, err := acquireScript.Run(nctx, nd.c, keys, args...).Slice()
 	if err != nil {
 		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
@@ -448,8 +499,11 @@ func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []strin
 	}
 	code, _ := v[0].(int64)
 	second, _ := v[1].(int64)
-	if code == 1 {
-		return acqReply{granted: true, counter: uint64(max(second, 0))}
+	switch code {
+	case 1:
+		return acqReply{granted: true, counter: uint64(max(second, 0)), adopted: len(v) > 2}
+	case 2:
+		return acqReply{handed: true, counter: uint64(max(second, 0)), pttl: px, holder: waitToken}
 	}
 	r := acqReply{pttl: second}
 	if len(v) > 2 {
@@ -462,9 +516,98 @@ func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []strin
 func (nd *node) fence(ctx context.Context, timeout time.Duration, keys []string, token string, f uint64) (bool, error) {
 	nctx, cancel := nodeCtx(ctx, timeout, true)
 	defer cancel()
-	r, err := fenceScript.Run(nctx, nd.c, []string{keys[0], keys[3]}, token, strconv.FormatUint(f, 10)).Int64()
+	r, err := fenceScript.Run(nctx, nd.c, []string{keys[0], keys[2]}, token, strconv.FormatUint(f, 10)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", nd.name, err)
 	}
 	return r == 1, nil
+}
+
+// handedGrant grants an attempt of the wait rw from the hand-offs it was
+// told of, without a request, when a majority of nodes handed it the lock
+// and its records are trusted (see releaseWatch.direct): ok reports that
+// it decided (granted, or failed with err). The lease's token is the wait's
+// hand-off token, which those nodes hold; its fencing token is the highest
+// of their counters, written back (fence.lua) first to those behind it, as
+// an acquisition does. Each of those nodes set the lock, with the wait's
+// TTL, after the ticket that carried the hand-off was registered there,
+// that is after rw.since: the lease's validity counts from rw.since, unless
+// that leaves less than two thirds of the TTL, in which case the lock is
+// refreshed on every node first (a majority must still hold it) and the
+// validity counts from the refresh.
+func (d *driver) handedGrant(ctx context.Context, req dlockdriver.Request, rw *releaseWatch) (g *dlockdriver.Grant, ok bool, err error) {
+	n, q := len(d.nodes), d.quorum
+	rw.mu.Lock()
+	if !rw.direct || rw.nHanded < q || rw.px != millis(req.TTL) {
+		rw.mu.Unlock()
+		return nil, false, nil
+	}
+	handed, fences, since := slices.Clone(rw.handed), slices.Clone(rw.fences), rw.since
+	rw.mu.Unlock()
+	fail := func(err error) (*dlockdriver.Grant, bool, error) {
+		rw.mu.Lock()
+		rw.direct = false // the next attempt asks the nodes, adopting what they handed
+		rw.mu.Unlock()
+		return nil, true, err
+	}
+	h := &handle{d: d, keys: d.keys(req.Name), token: rw.id, ttl: req.TTL,
+		acquired: make([]chan struct{}, n), released: make([]bool, n)}
+	for i := range n {
+		h.acquired[i] = make(chan struct{})
+		close(h.acquired[i])
+	}
+	var fence uint64
+	for i, ok := range handed {
+		if ok {
+			fence = max(fence, fences[i])
+		}
+	}
+	holding := 0
+	var behind []int
+	for i, ok := range handed {
+		switch {
+		case !ok:
+		case fences[i] >= fence:
+			holding++
+		default:
+			behind = append(behind, i)
+		}
+	}
+	if len(behind) > 0 {
+		timeout := d.timeout(req.TTL)
+		results := make(chan bool, len(behind))
+		for _, i := range behind {
+			d.bg.Add(1)
+			go func() {
+				defer d.bg.Done()
+				ok, err := d.nodes[i].fence(ctx, timeout, h.keys, h.token, fence)
+				results <- ok && err == nil
+			}()
+		}
+		for range behind {
+			if <-results { // bounded by the node timeout
+				holding++
+			}
+		}
+		if holding < q {
+			return fail(fmt.Errorf("%w: acquiring %q: %d of %d nodes handed it over at fencing token %d", ErrNoQuorum, h.keys[0], holding, n, fence))
+		}
+	}
+	sent := since
+	if time.Since(since) > req.TTL/3 {
+		sent = time.Now()
+		if _, err := h.Refresh(ctx, req.TTL); err != nil {
+			return fail(err)
+		}
+	}
+	rw.mu.Lock()
+	rw.granted, rw.lease = true, h
+	rw.mu.Unlock()
+	return &dlockdriver.Grant{
+		Handle: h,
+		Fence:  fence,
+		TTL:    time.Duration(rw.px) * time.Millisecond,
+		Drift:  d.drift,
+		Sent:   sent,
+	}, true, nil
 }

@@ -18,8 +18,9 @@
 //     down acquisitions fail with ErrNoQuorum and leases end at ValidUntil.
 //   - Fencing: per-node counters, the token written back to a majority
 //     before the grant (nodes must keep their data, or restart late).
-//   - Waiting: a release is handed to the first queued waiter, which alone
-//     tries (about FIFO); no split votes among waiters.
+//   - Waiting: a release grants the lock to the first queued waiter (about
+//     FIFO), without another request once a majority did; no split votes
+//     among waiters.
 //   - compat=true shares keys with go-redsync (no fencing).
 //
 // The sections below are the details.
@@ -84,8 +85,7 @@
 // its nodes and asks the nodes held by others again, half an attempt's
 // time later and then backing off, for up to four times its first round's
 // time (at most half the validity), until it holds a majority. A leader
-// that gives up gives its nodes back and announces it, waking the next
-// waiter;
+// that gives up gives its nodes back and hands them to the next waiter;
 // a contender that cannot tell the leader yet (nodes still to answer)
 // waits for them; one that took no node never leads. Contenders whose views
 // differed (a node answered one of them after another gave its node back)
@@ -152,50 +152,81 @@
 // highest it has seen: that, not the lease alone, protects it from paused
 // holders, clock jumps and restarts. The compat layout has no fencing.
 //
-// Waiting is notified and queued, so that a release wakes one waiter, not
-// all of them. A waiter subscribes, on every node, to its Locker's hand-off
+// Waiting is queued, and a release hands the lock itself to the next
+// waiter. A waiter subscribes, on every node, to its Locker's hand-off
 // channel for the name, and waits until a majority confirmed; from then on,
-// every attempt of its that finds the lock busy or reserved on a node also
-// takes a ticket in the name's queue there, in the same script (scored by
-// when the waiter began to wait, the same score on every node, so that the
-// nodes agree on the order; a ticket keeps its place). The channel stays
-// subscribed for 2s after its last waiter left, so a name waited on in a
-// loop is subscribed already when the next wait begins: its first attempt
-// then watches before it is sent and takes the ticket itself, and the
-// waiter waits at once instead of after a second attempt. A release, in the
-// same script that deletes the lock on a node, hands it to that node's
-// first ticket whose Locker still listens (tickets of Lockers that do not,
-// dead or gone, are dropped on the way): it publishes the waiter's id on that Locker's channel only, and reserves the
-// lock there for that ticket for 50ms, during which only attempts of that
-// Locker may take it. The woken waiter looks again as soon as a majority
-// handed it the release, or 10ms after the first hand-off otherwise; its
-// attempt, if it wins, removes its ticket in the same script. So each
-// release costs one attempt, one pub/sub delivery per node and one wake-up,
-// where announcing it to every waiter cost every waiter's attempt (they
-// then split the vote) and a delivery to every Locker on every node; and
-// waiters are served about in the order they came, since one that did not
-// wait (a holder coming back at once) cannot take the lock from under the
-// waiter it was handed to. A reservation only ever refuses: it changes
-// nothing in what a grant needs (see above), and it expires by itself.
+// every attempt of its that finds the lock busy on a node also takes a
+// ticket in the name's queue there, in the same script (scored by when the
+// waiter began to wait, the same score on every node, so that the nodes
+// agree on the order; a ticket keeps its place). A ticket names the
+// waiter's Locker, its wait's hand-off token (random, 128 bits) and its
+// TTL. The channel stays subscribed for 2s after its last waiter left, so a
+// name waited on in a loop is subscribed already when the next wait begins:
+// its first attempt then watches before it is sent and takes the ticket
+// itself. A release, in the same script that deletes the lock on a node,
+// grants it on that node to the first ticket whose Locker still listens
+// (tickets of Lockers that do not, dead or gone, are dropped on the way):
+// it advances the node's fencing counter as a grant does, sets the lock to
+// the wait's hand-off token with the wait's TTL, removes the ticket, and
+// publishes the token and the counter on that Locker's channel only. Once a
+// majority handed it the lock, the waiter is granted without another
+// request: its lease's token is the hand-off token, its fencing token the
+// highest counter of those nodes (written back first to those behind, as
+// for any grant, when they differ). So a contended grant costs a release
+// and one pub/sub delivery, where a waiter woken to try cost its attempt's
+// round trip too; and waiters are served about in the order they came,
+// since the lock is never free between them for one that did not wait.
+// When fewer than a majority handed it the lock within 10ms of the first,
+// the waiter asks every node, and counts the nodes it finds handed to it as
+// hand-offs (their messages may be late, or lost). A waiter handed some
+// nodes and then nothing until its fallback (below) adopts them in its next
+// attempt (takes them over as if it had taken them itself, and gives them
+// back, handing them on, if it loses), and so does every later attempt of
+// its wait: that ends a split of the nodes among waiters (tickets
+// registered on some nodes only).
 //
-// A hand-off can go astray: it may reach a Locker whose waiter has just
-// left (the Locker then passes it on to the next ticket, see pass.lua), the
-// message or the ticket may be lost in a fault (a waiter whose connection
-// failed is woken at once, and its attempt registers its ticket again), or
-// a waiter may not come. So a waiter not woken for 200ms to 400ms (at
-// random) looks again anyway (registering its ticket again where it is
-// missing), then after twice as long each time no hand-off came in
-// between, up to 3.2s to 6.4s (so that waiters behind a lock held for long
-// do not keep asking every node), and a reservation lapses
-// after 50ms. A lock that expires without a release hands nothing: waiters
-// look again when the holder's majority would have expired, as read at
-// their last attempt, or at the fallback, whichever is first. A
-// waiter that leaves removes its ticket (on a majority before its Acquire
-// returns, on the rest in the background); a queue nobody registers in for
-// a minute expires. Without a confirmed majority of subscriptions, waiters
-// poll between RetryMin and RetryMax. Waiters of older
-// versions, which listen on the name's release channel, are told of every
-// release there, but do not queue.
+// Why a hand-off grant is safe: a node sets the lock to the hand-off token
+// only after the ticket that carried it was registered there, that is
+// after the wait's watch began (no request carries the ticket before), and
+// it keeps the lock for the full TTL. Until the wait adopts or gives back a
+// handed node (after which it no longer grants from what it was told, but
+// asks the nodes), nothing but expiry takes the token off a node that
+// handed it: every other script deletes or overwrites only its caller's own
+// token, or a free lock. So the lease's validity counts from when the watch
+// began: ValidUntil = that + TTL − drift, no later than the expiry of the
+// lock on every handing node; when that leaves less than two thirds of the
+// TTL, the lock is first refreshed on every node (a majority must still
+// hold it) and the validity counts from the refresh. The hand-off advances
+// the counter in the same script that grants, so the fencing argument
+// below is unchanged: a hand-off is a grant on that node.
+//
+// A hand-off can go astray: it may reach a Locker whose wait has just left
+// (the Locker then gives it back and hands it to the next ticket, see
+// pass.lua; a wait that ends without a grant does the same on every node),
+// the message or the ticket may be lost in a fault (a waiter whose
+// connection failed is woken at once, and its attempt registers its ticket
+// again, or finds the lock handed to it), or a waiter may not come. So a
+// waiter not woken for 200ms to 400ms (at random) looks again anyway
+// (registering its ticket again where it is missing), then after twice as
+// long each time no hand-off came in between, up to 3.2s to 6.4s (so that
+// waiters behind a lock held for long do not keep asking every node). A
+// lock that expires without a release hands nothing: waiters look again
+// when the holder's majority would have expired, as read at their last
+// attempt, or at the fallback, whichever is first. A waiter that leaves
+// removes its ticket (on a majority before its Acquire returns, on the rest
+// in the background); a queue nobody registers in for a minute expires.
+// Without a confirmed majority of subscriptions, waiters poll between
+// RetryMin and RetryMax. Waiters of older versions, which listen on the
+// name's release channel, are told of every release there, but do not
+// queue.
+//
+// A dead waiter costs nothing (its Locker no longer listens, so its ticket
+// is skipped), but a waiter cut off from a node while that node still sees
+// its subscription (a partition the node has not noticed yet) can be handed
+// the lock there: the lock then sits idle on that node until the wait's TTL,
+// and if that happens on a majority, nobody is granted the lock for up to a
+// TTL (as with a holder that died). A handed node whose waiter is alive but
+// did not get a majority is given back when its wait ends.
 //
 // An attempt cut short by its ctx returns at once; its requests finish in
 // the background, and a lock they took is removed (announced) as soon as
@@ -216,15 +247,15 @@
 //	                lease's fencing token before the lease is granted (see
 //	                Guarantees); it persists by design, one small key per
 //	                name ever locked
-//	P{N}:waiters    sorted set: the waiters' tickets "<locker>:<waiter>"
-//	                (random hex ids), scored by when each began to wait
-//	                (µs since 1970); expires a minute after the last
-//	                registration
-//	P{N}:next       string: the ticket the lock is reserved for after a
-//	                release, for 50ms (PX)
+//	P{N}:waiters    sorted set: the waiters' tickets
+//	                "<locker>:<wait>:<ttl>" (the Locker's random hex id, the
+//	                wait's hand-off token, its TTL in ms), scored by when
+//	                each began to wait (µs since 1970); expires a minute
+//	                after the last registration
 //	P{N}:released:<locker>
-//	                pub/sub channel: the id of the waiter of that Locker a
-//	                release hands the lock to
+//	                pub/sub channel: "<wait>:<counter>" for the wait of that
+//	                Locker a release hands the lock to (the lock key then
+//	                holds <wait>)
 //	P{N}:released   pub/sub channel: an empty message when a release
 //	                deletes the lock on that node (for waiters of older
 //	                versions)
@@ -232,8 +263,8 @@
 // Compat layout (Options.Compat, URL compat=true), with P defaulting to "":
 //
 //	PN              string: the lease token, SET NX PX, compare-and-delete
-//	PN:waiters, PN:next, PN:released:<locker>, PN:released
-//	                the waiters' queue, reservation and channels, as above
+//	PN:waiters, PN:released:<locker>, PN:released
+//	                the waiters' queue and channels, as above (counter 0)
 //
 // The compat layout is github.com/go-redsync/redsync/v4's (a redsync.Mutex
 // named PN over the same nodes), so that dlock and redsync locks on the same

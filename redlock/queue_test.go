@@ -2,6 +2,8 @@ package redlock_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,8 +23,10 @@ func queueLen(ctx context.Context, t *testing.T, r *goredis.Client, name string)
 
 // Waiters are served in the order they began to wait: three waiters, each
 // its own Locker, queued one after another behind a holder, are granted in
-// that order, each handed the lock by the previous one's release; and no
-// queue or reservation is left once all have released.
+// that order, each handed the lock by the previous one's release, which
+// grants it on every node in its script (the lock is never free between
+// them, and each grant's fencing token is above the last); and no queue or
+// lock is left once all have released.
 func TestQueueOrder(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, 5, nil)
@@ -61,15 +65,37 @@ func TestQueueOrder(t *testing.T) {
 			return queued >= len(c.raws)/2+1
 		})
 	}
+	// handedOn asserts that the release that just returned handed the lock
+	// on: a majority of nodes holds it (for the next waiter; a node whose
+	// subscription was being renewed under load skips it, and is free).
+	handedOn := func(from string) {
+		t.Helper()
+		held := 0
+		for _, r := range c.raws {
+			if v, err := r.Get(ctx, lockKey(name)).Result(); err == nil && v != "" {
+				held++
+			}
+		}
+		if held < len(c.raws)/2+1 {
+			t.Fatalf("right after %s's release the lock is held on %d of %d nodes; want it handed to the next waiter on a majority", from, held, len(c.raws))
+		}
+	}
 	if err := ls.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	handedOn("the holder")
+	last, _ := ls.Fence()
 	for want := range waiters {
 		select {
 		case got := <-granted:
 			if got != want {
 				t.Fatalf("waiter %d granted; want waiter %d, the first in the queue", got, want)
 			}
+			f, _ := leases[got].Fence()
+			if f <= last {
+				t.Fatalf("waiter %d granted with fencing token %d, not above the previous %d", got, f, last)
+			}
+			last = f
 			// The next waiter stays queued while this one holds.
 			select {
 			case other := <-granted:
@@ -79,6 +105,9 @@ func TestQueueOrder(t *testing.T) {
 			if err := leases[got].Release(ctx); err != nil {
 				t.Fatal(err)
 			}
+			if got < waiters-1 {
+				handedOn("waiter " + strconv.Itoa(got))
+			}
 		case err := <-errs:
 			t.Fatal(err)
 		case <-time.After(10 * time.Second):
@@ -87,9 +116,9 @@ func TestQueueOrder(t *testing.T) {
 	}
 	// A waiter granted by a majority removes its ticket from the other
 	// nodes in the background.
-	eventually(t, 5*time.Second, "no queue or reservation left after every waiter released", func() bool {
+	eventually(t, 5*time.Second, "no queue or lock left after every waiter released", func() bool {
 		for _, r := range c.raws {
-			n, err := r.Exists(ctx, lockKey(name)+":waiters", lockKey(name)+":next").Result()
+			n, err := r.Exists(ctx, lockKey(name)+":waiters", lockKey(name)).Result()
 			if err != nil || n != 0 {
 				return false
 			}
@@ -99,8 +128,8 @@ func TestQueueOrder(t *testing.T) {
 }
 
 // A ticket whose Locker no longer listens (a process that died while
-// waiting) is skipped: the release goes to the next waiter at once, not
-// after the waiter's fallback.
+// waiting) is skipped: the lock is never set to its hand-off token, and the
+// release goes to the next waiter at once, not after the waiter's fallback.
 func TestQueueDeadTicket(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, 3, nil)
@@ -112,8 +141,9 @@ func TestQueueDeadTicket(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A dead process's ticket, first in the queue on every node.
+	const deadToken = "0123456789abcdef0123456789abcdef"
 	for _, r := range c.raws {
-		if err := r.ZAdd(ctx, lockKey(name)+":waiters", goredis.Z{Score: 1, Member: "0123456789abcdef:0123456789abcdef"}).Err(); err != nil {
+		if err := r.ZAdd(ctx, lockKey(name)+":waiters", goredis.Z{Score: 1, Member: "0123456789abcdef:" + deadToken + ":20000"}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -144,6 +174,11 @@ func TestQueueDeadTicket(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	defer func() { _ = r.ls.Release(ctx) }()
+	for i, rc := range c.raws {
+		if v, _ := rc.Get(ctx, lockKey(name)).Result(); v == deadToken {
+			t.Errorf("node %d handed the lock to the dead waiter", i)
+		}
+	}
 	// The fallback would wake the waiter 200ms or more after it last was.
 	if lag := r.at.Sub(released); lag > 150*time.Millisecond {
 		t.Errorf("waiter granted %v after the release; want well within its 200ms fallback", lag)
@@ -160,7 +195,8 @@ func TestQueueDeadTicket(t *testing.T) {
 
 // A release handed to a waiter that has left while its Locker still
 // listens (its ticket put back after it left, as a registration landing
-// late would) is passed on by that Locker to the next waiter at once, not
+// late would) is given back by that Locker (the lock no longer holds the
+// left wait's hand-off token) and handed to the next waiter at once, not
 // after the next waiter's fallback.
 func TestQueuePassOn(t *testing.T) {
 	ctx := testCtx(t)
@@ -247,5 +283,102 @@ func TestQueuePassOn(t *testing.T) {
 	defer func() { _ = r.ls.Release(ctx) }()
 	if lag := r.at.Sub(released); lag > 120*time.Millisecond {
 		t.Errorf("second waiter granted %v after the release; want well within its 200ms fallback", lag)
+	}
+	parts := strings.Split(ticket[0], ":")
+	if len(parts) != 3 {
+		t.Fatalf("ticket %q: want <locker>:<wait>:<ttl>", ticket[0])
+	}
+	// Given back on a majority at once (the second waiter holds it there),
+	// on every node soon after (in the background).
+	eventually(t, 5*time.Second, "no node holds the lock for the waiter that left", func() bool {
+		for _, rc := range c.raws {
+			if v, _ := rc.Get(ctx, lockKey(name)).Result(); v == parts[1] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A lease granted by hand-offs is valid no longer than the lock lives on a
+// majority of nodes: its validity counts from when its wait began (every
+// handing node set the lock later, for the full TTL), and when that leaves
+// less than two thirds of the TTL, the lock is refreshed first and the
+// validity counts from the refresh. Both cases: a release as soon as the
+// waiter is queued, and one half a TTL after it began to wait.
+func TestQueueHandoffValidity(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, 3, nil)
+	holder := newLocker(t, c.clients(t), nil)
+	waiter := newLocker(t, c.clients(t), nil)
+	const ttl = 2 * time.Second
+	for _, hold := range []time.Duration{0, ttl / 2} {
+		name := "validity-" + randomHex(4)
+		ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			ls    *dlock.Lease
+			err   error
+			at    time.Time
+			until time.Time
+		}
+		done := make(chan result, 1)
+		start := time.Now()
+		go func() {
+			l, err := waiter.Acquire(ctx, name, &dlock.Options{TTL: ttl, NoRefresh: true})
+			r := result{ls: l, err: err, at: time.Now()}
+			if err == nil {
+				r.until = l.ValidUntil()
+			}
+			done <- r
+		}()
+		eventually(t, 15*time.Second, "the waiter queued on every node", func() bool {
+			for _, r := range c.raws {
+				if queueLen(ctx, t, r, name) != 1 {
+					return false
+				}
+			}
+			return true
+		})
+		time.Sleep(time.Until(start.Add(hold))) // the wait's age is the subject
+		releasing := time.Now()
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		// Safety: a majority of nodes keeps the lock at least until the
+		// lease's ValidUntil (PTTLs read after the validity left was).
+		left, read := time.Until(r.until), time.Now()
+		keep := 0
+		for _, rc := range c.raws {
+			pttl, err := rc.PTTL(ctx, lockKey(name)).Result()
+			if err == nil && pttl+time.Since(read) >= left {
+				keep++
+			}
+		}
+		if keep < len(c.raws)/2+1 {
+			t.Errorf("held %v: the lock outlives the lease's validity (%v left) on %d of %d nodes; want a majority", hold, left, keep, len(c.raws))
+		}
+		if hold <= ttl/3 && r.until.After(releasing.Add(ttl)) {
+			// The nodes set the lock once the release began, at the
+			// earliest: counted from the wait's start, the validity ends
+			// before that plus the TTL.
+			t.Errorf("valid until %v after the release began; want at most the TTL %v", r.until.Sub(releasing), ttl)
+		}
+		if hold > ttl/3 {
+			// Counted from the wait's start, the validity would end within
+			// ttl-hold of the grant: the refresh gave it about a TTL.
+			if v := r.until.Sub(r.at); v < ttl*6/10 {
+				t.Errorf("held %v: granted with %v of validity; want the lock refreshed first (about %v)", hold, v, ttl)
+			}
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -136,7 +137,7 @@ func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 		id:          newID(),
 		watching:    map[string]map[*releaseWatch]struct{}{},
 		live:        map[string]bool{},
-		gone:        map[string]string{},
+		gone:        map[string]goneWait{},
 		waits:       map[string]*wait{},
 	}
 	if d.prefix == "" && !d.compat {
@@ -158,13 +159,14 @@ func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 			return nil, invalid("client %d is given twice", i)
 		}
 		nd := &node{c: c, name: nodeName(i, c)}
-		// A hand-off's payload is the id of the waiter it is for.
+		// A hand-off's payload starts with the id of the wait it is for.
 		nd.hub = redishub.New(c, "redlock", func(p string) (string, bool) {
 			if p == "" {
 				return "", false
 			}
 			d.missed(i, p)
-			return p, true
+			id, _, _ := strings.Cut(p, ":")
+			return id, true
 		})
 		d.nodes = append(d.nodes, nd)
 	}
@@ -199,7 +201,7 @@ type driver struct {
 	wmu      sync.Mutex
 	watching map[string]map[*releaseWatch]struct{} // by name
 	live     map[string]bool                       // the ids of the waiters watching
-	gone     map[string]string                     // the names of waiters that left, by id (at most maxGone)
+	gone     map[string]goneWait                   // the waiters that left, by id (at most maxGone)
 	goneIDs  []string                              // gone's ids, oldest first
 	waits    map[string]*wait                      // by Request.Wait (see WatchWait)
 	closing  bool
@@ -224,15 +226,15 @@ func (d *driver) Capabilities() dlock.Capabilities {
 	}
 }
 
-// keys returns the keys of name: the lock key, the waiters' queue, the
-// reservation and, in the default layout, the fencing counter.
+// keys returns the keys of name: the lock key, the waiters' queue and, in
+// the default layout, the fencing counter.
 func (d *driver) keys(name string) []string {
 	if d.compat {
 		lock := d.prefix + name
-		return []string{lock, lock + ":waiters", lock + ":next"}
+		return []string{lock, lock + ":waiters"}
 	}
 	lock := d.prefix + "{" + name + "}"
-	return []string{lock, lock + ":waiters", lock + ":next", lock + ":fence"}
+	return []string{lock, lock + ":waiters", lock + ":fence"}
 }
 
 // channel is the pub/sub channel on which releases of name are handed to
@@ -279,7 +281,7 @@ func nodeCtx(ctx context.Context, timeout time.Duration, detached bool) (context
 // which hands it to the first waiter). See releaseWatch for when the waiter
 // is woken.
 func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	rw, stop, err := d.watch(ctx, name)
+	rw, stop, err := d.watch(ctx, name, newID(), 0)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -307,7 +309,7 @@ func (d *driver) WatchWait(ctx context.Context, req dlockdriver.Request) (<-chan
 	if w != nil {
 		return w.rw.c, true, nil
 	}
-	rw, stop, err := d.watch(ctx, req.Name)
+	rw, stop, err := d.watch(ctx, req.Name, newToken(), millis(req.TTL))
 	if err != nil {
 		return nil, false, err
 	}
@@ -347,7 +349,7 @@ func (d *driver) prewatch(ctx context.Context, req dlockdriver.Request) {
 			return
 		}
 	}
-	rw, stop, err := d.watch(ctx, req.Name)
+	rw, stop, err := d.watch(ctx, req.Name, newToken(), millis(req.TTL))
 	if err != nil {
 		return // the attempt goes on without: WatchWait watches
 	}
@@ -356,14 +358,16 @@ func (d *driver) prewatch(ctx context.Context, req dlockdriver.Request) {
 	d.wmu.Unlock()
 }
 
-// watch is Watch, returning the waiter itself.
-func (d *driver) watch(ctx context.Context, name string) (*releaseWatch, func(), error) {
+// watch is Watch, returning the waiter itself: id is its hand-off token
+// (hex), px the TTL in ms a hand-off grants it (0: none, the waiter is only
+// woken).
+func (d *driver) watch(ctx context.Context, name, id string, px int64) (*releaseWatch, func(), error) {
 	channel := d.channel(name)
 	n, q := len(d.nodes), d.quorum
-	rw := newReleaseWatch(n, q)
-	rw.d, rw.name, rw.keys, rw.id = d, name, d.keys(name), newID()
-	rw.ticket = d.id + ":" + rw.id
-	rw.score = time.Now().UnixMicro()
+	rw := newReleaseWatch(n, q) // its since is now, before any attempt carries its ticket
+	rw.d, rw.name, rw.keys, rw.id, rw.px = d, name, d.keys(name), id, px
+	rw.ticket = d.id + ":" + id + ":" + strconv.FormatInt(px, 10)
+	rw.score = rw.since.UnixMicro()
 	d.wmu.Lock()
 	if d.watching[name] == nil {
 		d.watching[name] = map[*releaseWatch]struct{}{}
@@ -382,7 +386,7 @@ func (d *driver) watch(ctx context.Context, name string) (*releaseWatch, func(),
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x, err := nd.hub.Watch(wctx, channel, rw.id, func(_ string, message bool) { rw.notify(i, message) })
+			x, err := nd.hub.Watch(wctx, channel, rw.id, func(p string, message bool) { rw.notify(i, p, message) })
 			if err == nil {
 				mu.Lock()
 				watchers = append(watchers, x)
@@ -488,6 +492,37 @@ type handle struct {
 	mu       sync.Mutex
 	ttl      time.Duration // the last TTL asked for, for node timeouts
 	released []bool        // nodes from which the lock was deleted
+
+	// A lease granted by hand-offs: hand-offs to its wait heard after the
+	// wait ended, to give back once the lease is released (see missed).
+	ended bool
+	late  []func()
+}
+
+// afterEnd runs give when the lease has been released (or its loss cleaned
+// up), at once if it has.
+func (h *handle) afterEnd(give func()) {
+	h.mu.Lock()
+	if !h.ended {
+		h.late = append(h.late, give)
+		h.mu.Unlock()
+		return
+	}
+	h.mu.Unlock()
+	give()
+}
+
+// end marks the lease released and gives back what was handed to its wait
+// meanwhile (see missed).
+func (h *handle) end() {
+	h.mu.Lock()
+	h.ended = true
+	late := h.late
+	h.late = nil
+	h.mu.Unlock()
+	for _, give := range late {
+		give()
+	}
 }
 
 // Refresh runs the compare-and-pexpire script on every node and succeeds
@@ -538,6 +573,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 // on the nodes that still have it, so that it does not stand in a
 // contender's way until it expires.
 func (h *handle) cleanUp(ctx context.Context) {
+	defer h.end()
 	for i, nd := range h.d.nodes {
 		h.d.bg.Add(1)
 		go func() {
@@ -560,6 +596,7 @@ func (h *handle) timeout() time.Duration {
 // the lock has been deleted from a majority (counting nodes where an earlier
 // try deleted it), and reports ErrNotHeld when a majority no longer held it.
 func (h *handle) Release(ctx context.Context) error {
+	defer h.end()
 	d := h.d
 	n, q := len(d.nodes), d.quorum
 	timeout := h.timeout()
@@ -669,7 +706,7 @@ func (nd *node) release(ctx context.Context, timeout time.Duration, detached boo
 	if publish {
 		pub = "1"
 	}
-	r, err := releaseScript.Run(nctx, nd.c, keys[:3], token, pub, millis(reserveFor)).Int64()
+	r, err := releaseScript.Run(nctx, nd.c, keys, token, pub).Int64()
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", nd.name, err)
 	}

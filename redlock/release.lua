@@ -3,23 +3,25 @@
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the waiters' queue      KEYS[1] .. ":waiters": a sorted set of
---          tickets "<locker>:<waiter>" scored by when each began to wait
--- KEYS[3]  the reservation         KEYS[1] .. ":next"
+--          tickets "<locker>:<wait>:<ttl>" scored by when each began to wait
+-- KEYS[3]  default layout only: the node's fencing counter
 -- ARGV[1]  the lease token
--- ARGV[2]  "1": announce the release (a release); "0": announce nothing (the
---          clean-up of an attempt that did not win a majority, so that
---          contenders are not woken by each other's retreats)
--- ARGV[3]  how long the lock stays reserved for the next waiter, in ms
+-- ARGV[2]  "1": hand the lock on (a release); "0": do not (the clean-up of
+--          an attempt that did not win a majority, so that contenders are
+--          not handed each other's retreats)
 --
--- Announcing: an empty message on KEYS[1] .. ":released" (heard by waiters
--- that do not queue: older versions), then the first ticket of the queue
--- whose Locker still listens (PUBLISH counts a subscriber on
--- KEYS[1] .. ":released:<locker>") gets its waiter's id there, and the lock
--- is reserved for that ticket for ARGV[3] ms (see acquire.lua). Tickets of
--- Lockers that no longer listen are dropped on the way (at most 8 a
--- release). A failed PUBLISH (an ACL user without rights on the channels)
--- does not fail the release, which has happened by then, and drops nothing:
--- waiters fall back to polling.
+-- Handing on: an empty message on KEYS[1] .. ":released" (heard by waiters
+-- of older versions), then the first ticket of the queue whose Locker still
+-- listens (PUBLISH counts a subscriber on KEYS[1] .. ":released:<locker>")
+-- is granted the lock in this script: the counter is advanced as a grant
+-- does (see acquire.lua), the lock set to the wait's hand-off token <wait>
+-- for <ttl> ms, the ticket removed, and "<wait>:<counter>" published on that
+-- Locker's channel. A ticket without a TTL ("<locker>:<waiter>", or a TTL
+-- of 0: a waiter that only watches) is only told "<waiter>" and keeps its
+-- place. Tickets of Lockers that no longer listen are dropped on the way (at
+-- most 8 a release). A failed PUBLISH (an ACL user without rights on the
+-- channels) does not fail the release, which has happened by then, and
+-- hands nothing: waiters fall back to polling.
 -- Returns 1 when the key held the token and was deleted, 0 otherwise.
 if redis.pcall("GET", KEYS[1]) ~= ARGV[1] then
 	return 0
@@ -29,20 +31,43 @@ if ARGV[2] ~= "1" then
 	return 1
 end
 redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
+-- handOn: keep in step with pass.lua.
 for _ = 1, 8 do
 	local head = redis.call("ZRANGE", KEYS[2], 0, 0)[1]
 	if not head then
 		break
 	end
-	local locker, waiter = string.match(head, "^(%x+):(%x+)$")
+	local locker, wait, ttl = string.match(head, "^(%x+):(%x+):(%d+)$")
+	if not locker then
+		locker, wait = string.match(head, "^(%x+):(%x+)$")
+	end
 	if locker then
-		local n = redis.pcall("PUBLISH", KEYS[1] .. ":released:" .. locker, waiter)
-		if type(n) ~= "number" then
-			break
-		end
-		if n > 0 then
-			redis.call("SET", KEYS[3], head, "PX", ARGV[3])
-			break
+		local channel = KEYS[1] .. ":released:" .. locker
+		if ttl and tonumber(ttl) > 0 then
+			local f = 0
+			if KEYS[3] then
+				if redis.call("EXISTS", KEYS[3]) == 1 then
+					f = redis.call("INCR", KEYS[3])
+				else
+					local t = redis.call("TIME")
+					f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+					redis.call("SET", KEYS[3], string.format("%d", f))
+				end
+			end
+			local n = redis.pcall("PUBLISH", channel, wait .. ":" .. string.format("%d", f))
+			if type(n) ~= "number" then
+				break
+			end
+			if n > 0 then
+				redis.call("SET", KEYS[1], wait, "PX", ttl)
+				redis.call("ZREM", KEYS[2], head)
+				break
+			end
+		else
+			local n = redis.pcall("PUBLISH", channel, wait)
+			if type(n) ~= "number" or n > 0 then
+				break
+			end
 		end
 	end
 	redis.call("ZREM", KEYS[2], head)

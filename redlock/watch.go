@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	mrand "math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -12,15 +13,9 @@ import (
 	"github.com/dlock/dlock/internal/redishub"
 )
 
-// settleDelay is how long a waiter that has been handed a release by fewer
+// settleDelay is how long a waiter that has been handed the lock by fewer
 // than a majority of nodes waits for the others before it looks again.
 const settleDelay = 10 * time.Millisecond
-
-// reserveFor is how long a release reserves the lock for the waiter it hands
-// it to (see release.lua): long enough for a woken waiter to send its
-// attempt, short enough that a waiter that does not come stalls no one for
-// long.
-const reserveFor = 50 * time.Millisecond
 
 // fallbackMin is the shortest time a waiter waits without being woken
 // before it looks again anyway (its attempt registers its ticket again where
@@ -40,32 +35,36 @@ const queueTTL = time.Minute
 
 // releaseWatch is one waiter: its ticket in the name's queue on every node
 // (registered by its attempts that find the lock busy, see acquire.lua),
-// and what the nodes hand it, turned into one signal to look again.
+// what the nodes hand it, and one signal to look again.
 //
 // A release hands the lock, on each node, to the first ticket of that
-// node's queue whose Locker listens (see release.lua): only that waiter is
-// woken, and only its Locker's pub/sub connection hears it. Tickets are
-// scored by when their waiter began to wait (the Locker's clock, the same
-// score on every node), so the nodes agree on who is next and waiters are
-// served about in order. A release deletes the lock on every node at once,
-// and looking again at the first hand-off races the releases still on their
-// way: so the waiter looks again as soon as a majority handed it the
-// release, or settleDelay after the first hand-off when fewer do. A
-// connection that failed or was subscribed again may have missed a hand-off
-// (and the node may have dropped the ticket of a Locker it did not hear):
-// that wakes the waiter at once, and its attempt registers its ticket there
-// again.
+// node's queue whose Locker listens (see release.lua): the node stores the
+// wait's hand-off token as the lock's value, with the wait's TTL, and tells
+// that Locker's pub/sub connection alone. Tickets are scored by when their
+// waiter began to wait (the Locker's clock, the same score on every node),
+// so the nodes agree on who is next and waiters are served about in order.
+// The waiter records each node's hand-off (handed, fences): once a majority
+// handed it the lock it is woken, and its next attempt is granted at once
+// from those records (see handedGrant). When fewer do, it is woken
+// settleDelay after the first, and its next attempt asks every node,
+// counting those it finds handed to it as hand-offs; an attempt after a
+// fallback wake-up adopts them instead (see acquire.lua), which ends a
+// split of the nodes among waiters. A connection that
+// failed or was subscribed again may have missed a hand-off (and the node
+// may have dropped the ticket of a Locker it did not hear): that wakes the
+// waiter at once, and its attempt registers its ticket there again, or
+// finds the lock handed to it.
 //
-// A hand-off can still go astray (the ticket of a waiter that has just
-// left, a lost message, a queue lost in a restart): a waiter not woken for
-// fallbackMin to twice that looks again anyway (less often as its wait
-// goes on without hand-offs).
+// A hand-off can still go astray (a lost message, a queue lost in a
+// restart): a waiter not woken for fallbackMin to twice that looks again
+// anyway (less often as its wait goes on without hand-offs).
 type releaseWatch struct {
 	d      *driver // nil in unit tests: no tickets
 	name   string
 	keys   []string
-	id     string // the waiter's id, the payload of its hand-offs
-	ticket string // d.id + ":" + id
+	id     string // the wait's hand-off token (the lock's value when handed to it), routes its messages
+	ticket string // d.id + ":" + id + ":" + px
+	px     int64  // the wait's TTL in ms, which a hand-off grants (0: a waiter that only watches)
 	score  int64  // µs since 1970
 	quorum int
 	c      chan struct{} // 1-buffered: look again
@@ -78,14 +77,39 @@ type releaseWatch struct {
 	fallback *time.Timer
 	quiet    time.Duration // the fallback's time now: fallbackMin, doubling
 	stopped  bool
-	deq      []bool     // nodes whose ticket a grant removed
+	deq      []bool     // nodes whose ticket a grant or a hand-off removed
 	inflight []int      // requests on their way that may register the ticket, by node
 	idle     *sync.Cond // on mu: a node's inflight fell to 0
+
+	// The hand-offs (see handedGrant): each node that handed the lock to
+	// this wait, with its fencing counter then. They are trusted while
+	// direct holds: until an attempt of the wait may have adopted a handed
+	// node (or the wait gave one back), nothing but expiry removes the
+	// hand-off token from a node that handed it, and it expires no sooner
+	// than since + the TTL.
+	since   time.Time // before any request that could register the ticket was sent
+	handed  []bool
+	fences  []uint64
+	nHanded int
+	direct  bool
+	stale   bool    // the fallback woke the waiter (no hand-off for fallbackMin or more): its next attempt adopts
+	granted bool    // a hand-off grant: the lease's token is id
+	lease   *handle // the hand-off grant's
 }
 
 func newReleaseWatch(nodes, quorum int) *releaseWatch {
 	return &releaseWatch{quorum: quorum, c: make(chan struct{}, 1), heard: make([]bool, nodes),
-		deq: make([]bool, nodes), inflight: make([]int, nodes)}
+		deq: make([]bool, nodes), inflight: make([]int, nodes),
+		handed: make([]bool, nodes), fences: make([]uint64, nodes), direct: true, since: time.Now()}
+}
+
+// newToken returns 32 random hex digits: a wait's hand-off token, fresh for
+// each watch, so that what was handed to one watch is never taken for
+// another's (each counts its validity from its own start).
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // newID returns 16 random hex digits.
@@ -96,8 +120,10 @@ func newID() string {
 }
 
 // notify is called by node i's hub (with the hub's lock held): message is
-// a hand-off, !message a connection that failed or was subscribed again.
-func (w *releaseWatch) notify(i int, message bool) {
+// a message on the wait's channel, with its payload ("<id>:<counter>" for a
+// hand-off, "<id>" for a wake-up), !message a connection that failed or was
+// subscribed again.
+func (w *releaseWatch) notify(i int, payload string, message bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped {
@@ -108,16 +134,47 @@ func (w *releaseWatch) notify(i int, message bool) {
 		w.fire()
 		return
 	}
+	if _, c, ok := strings.Cut(payload, ":"); ok {
+		if f, err := strconv.ParseUint(c, 10, 64); err == nil {
+			w.hand(i, f)
+		}
+	}
 	if !w.heard[i] {
 		w.heard[i] = true
 		w.count++
 	}
-	if w.count >= w.quorum {
+	if w.count >= w.quorum || w.direct && w.nHanded >= w.quorum {
 		w.fire()
 		return
 	}
 	if !w.armed {
 		w.arm(settleDelay)
+	}
+}
+
+// hand records that node i holds the lock for this wait, its counter at f;
+// w.mu held.
+func (w *releaseWatch) hand(i int, f uint64) {
+	if !w.handed[i] {
+		w.handed[i] = true
+		w.nHanded++
+	}
+	w.fences[i] = f
+	w.deq[i] = true // a hand-off removes the ticket
+}
+
+// found records what an attempt's acquire.lua found on node i: the lock
+// handed to this wait (not adopted), with the node's counter at f. It is a
+// hand-off whose message may be on its way, or lost.
+func (w *releaseWatch) found(i int, f uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	w.hand(i, f)
+	if w.direct && w.nHanded >= w.quorum {
+		w.fire()
 	}
 }
 
@@ -172,6 +229,7 @@ func (w *releaseWatch) fellBack() {
 		return
 	}
 	w.quiet *= 2
+	w.stale = true
 	w.fire()
 }
 
@@ -201,11 +259,14 @@ func (w *releaseWatch) untrack(i int, granted bool) {
 }
 
 // stop silences the watch and removes its ticket from the queues that may
-// still have it (those from which no grant removed it): it returns once
-// that is done on enough nodes that, with the nodes a grant removed it
-// from, a majority no longer has it, so that a release after stop cannot
-// reserve the lock for this waiter on a majority; the removals still
-// running finish in the background, bounded by the node timeout.
+// still have it (those from which no grant or hand-off removed it): it
+// returns once that is done on enough nodes that, with the nodes a grant or
+// a hand-off removed it from, a majority no longer has it; the removals
+// still running finish in the background, bounded by the node timeout.
+// Unless the wait was granted by its hand-offs (the lease then holds them),
+// every node is also asked to give back what it handed to the wait, and to
+// hand it to the next waiter (pass.lua): a hand-off whose message is still
+// on its way, or that an attempt did not adopt.
 func (w *releaseWatch) stop() {
 	w.mu.Lock()
 	if w.stopped {
@@ -227,15 +288,18 @@ func (w *releaseWatch) stop() {
 	for i := range clean {
 		clean[i] = w.deq[i] && w.inflight[i] == 0
 	}
+	giveBack, lease := !w.granted && w.px > 0, w.lease
 	w.idle = sync.NewCond(&w.mu)
 	w.mu.Unlock()
-	w.d.unwatch(w)
+	w.d.unwatch(w, giveBack, lease)
 	n := 0
 	done := make(chan struct{}, len(clean))
 	for i, nd := range w.d.nodes {
 		if clean[i] {
 			n++
-			continue
+			if !giveBack {
+				continue
+			}
 		}
 		w.d.bg.Add(1)
 		go func() {
@@ -248,7 +312,11 @@ func (w *releaseWatch) stop() {
 			w.mu.Unlock()
 			nctx, cancel := nodeCtx(context.Background(), w.d.watchTimeout(), true)
 			defer cancel()
-			_ = nd.c.ZRem(nctx, w.keys[1], w.ticket).Err()
+			if giveBack {
+				_ = passScript.Run(nctx, nd.c, w.keys, w.ticket, w.id).Err()
+			} else {
+				_ = nd.c.ZRem(nctx, w.keys[1], w.ticket).Err()
+			}
 			done <- struct{}{}
 		}()
 	}
@@ -257,38 +325,45 @@ func (w *releaseWatch) stop() {
 	}
 }
 
-// tickets returns, for an attempt on name, what acquire.lua takes of this
-// Locker's waiters on it: their tickets between spaces, and their scores
-// and tickets to register when the lock is busy; and, when there is
-// exactly one, that waiter.
-func (d *driver) tickets(name string) (string, []any, *releaseWatch) {
+// tickets returns, for an attempt on name, the scores and tickets of this
+// Locker's waiters on it, which acquire.lua registers where the lock is
+// busy, and, when there is exactly one, that waiter.
+func (d *driver) tickets(name string) ([]any, *releaseWatch) {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	ws := d.watching[name]
 	if len(ws) == 0 {
-		return " ", nil, nil
+		return nil, nil
 	}
-	var b strings.Builder
-	b.WriteByte(' ')
 	regs := make([]any, 0, 2*len(ws))
 	var own *releaseWatch
 	for w := range ws {
-		b.WriteString(w.ticket)
-		b.WriteByte(' ')
 		regs = append(regs, w.score, w.ticket)
 		own = w
 	}
 	if len(ws) > 1 {
 		own = nil
 	}
-	return b.String(), regs, own
+	return regs, own
 }
 
 // maxGone bounds how many waiters that left a Locker remembers, to pass on
 // hand-offs that reach them late (see missed).
 const maxGone = 256
 
-func (d *driver) unwatch(w *releaseWatch) {
+// goneWait is a waiter that left: what pass.lua needs.
+type goneWait struct {
+	name, ticket string
+	token        string  // the hand-off token to give back; "" for a waiter that only watched
+	lease        *handle // granted by its hand-offs: give back only once its release began
+}
+
+// unwatch forgets a waiter that left; giveBack: what a node hands it from
+// now on is to be given back (see missed). A waiter granted by its
+// hand-offs (lease) gives back only what is handed to it once that lease's
+// release has begun: before, its lease holds it (and its release deletes
+// it).
+func (d *driver) unwatch(w *releaseWatch, giveBack bool, lease *handle) {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	delete(d.watching[w.name], w)
@@ -300,34 +375,52 @@ func (d *driver) unwatch(w *releaseWatch) {
 		delete(d.gone, d.goneIDs[0])
 		d.goneIDs = d.goneIDs[1:]
 	}
-	d.gone[w.id] = w.name
+	g := goneWait{name: w.name, ticket: w.ticket}
+	if w.px > 0 && (giveBack || lease != nil) {
+		g.token, g.lease = w.id, lease
+	}
+	d.gone[w.id] = g
 	d.goneIDs = append(d.goneIDs, w.id)
 }
 
-// missed is called by node i's hub for every hand-off this Locker hears
-// (with the hub's lock held): a hand-off to a waiter that has left (its
-// ticket was still in the queue) is passed on to the next waiter, in the
-// background, so that the lock does not sit reserved for nobody while the
-// others wait.
-func (d *driver) missed(i int, id string) {
+// missed is called by node i's hub for every message this Locker hears on
+// a name's channel (with the hub's lock held): one for a wait that has left
+// (its ticket was still in the queue) is given back and passed on to the
+// next waiter, in the background, so that the lock does not sit held for
+// nobody while the others wait; for a wait granted by its hand-offs, once
+// its lease has been released (until then the lease holds it, and its
+// release deletes it where it is there in time).
+func (d *driver) missed(i int, payload string) {
+	id, _, _ := strings.Cut(payload, ":")
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	if d.live[id] {
 		return
 	}
-	name, ok := d.gone[id]
+	g, ok := d.gone[id]
 	if !ok || d.closing {
 		return
 	}
-	keys := d.keys(name)
+	keys := d.keys(g.name)
 	nd := d.nodes[i]
-	d.bg.Add(1)
-	go func() {
-		defer d.bg.Done()
-		nctx, cancel := nodeCtx(context.Background(), d.watchTimeout(), true)
-		defer cancel()
-		_ = passScript.Run(nctx, nd.c, keys[:3], d.id+":"+id, millis(reserveFor)).Err()
-	}()
+	give := func() {
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			nctx, cancel := nodeCtx(context.Background(), d.watchTimeout(), true)
+			defer cancel()
+			_ = passScript.Run(nctx, nd.c, keys, g.ticket, g.token).Err()
+		}()
+	}
+	if g.lease != nil {
+		d.bg.Add(1)
+		go func() { // not under the hub's lock
+			defer d.bg.Done()
+			g.lease.afterEnd(give)
+		}()
+		return
+	}
+	give()
 }
 
 // watchTimeout bounds the queue requests of a waiter, which knows no TTL.
