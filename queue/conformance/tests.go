@@ -441,7 +441,7 @@ func testResets(s *suite) {
 		q := s.same(c, qp, opts)
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				wctx, cancel := context.WithTimeout(ctx, time.Second)
 				cs, err := q.ClaimWait(wctx, 5, 500*time.Millisecond)
 				cancel()
 				if err != nil || len(cs) == 0 {
@@ -469,7 +469,10 @@ func testResets(s *suite) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(15 * time.Millisecond):
+			// Each client's connections are reset every 400ms: often enough
+			// to cut calls in the middle, seldom enough that connections
+			// (PostgreSQL's handshake takes ~50ms under -race) can be made.
+			case <-time.After(100 * time.Millisecond):
 				faults[i%len(faults)].Reset()
 			}
 		}
