@@ -91,3 +91,10 @@ func (s *suite) queued(name string, before []string, stagger time.Duration) ([]s
 		}
 	}
 }
+
+// Live returns the liveness bound d multiplied by DLOCK_TOLERANCE_SCALE, for
+// other suites built on this one's conventions (package queue's).
+func Live(d time.Duration) (time.Duration, error) {
+	f, err := toleranceScale()
+	return time.Duration(float64(d) * f), err
+}

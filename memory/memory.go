@@ -67,6 +67,7 @@ type Store struct {
 	locks    map[string]*entry
 	fence    uint64
 	watchers map[string]map[chan struct{}]struct{}
+	queues   map[string]*taskQueue // task queues (see NewQueue)
 }
 
 type entry struct {

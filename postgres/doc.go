@@ -217,4 +217,10 @@
 // Nothing else is stored but the fencing sequence and epoch table (see
 // Guarantees): no lock leaves anything on the server once its session ends.
 // Metadata (Options.Metadata) is not stored.
+//
+// Task queue (package queue, postgres.NewQueue or queue.Open with a
+// postgres URL): one table, dlock_tasks by default (QueueOptions.Table, URL
+// queue_table), created on first use, with one index; tasks.sql is its DDL
+// for administrators who create it themselves. Wake-ups are NOTIFYs on the
+// channel dlock_tasks with the queue's name as payload.
 package postgres

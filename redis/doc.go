@@ -220,4 +220,12 @@
 // TTL.
 //
 // Lock metadata (Options.Metadata) is not stored.
+//
+// Task queue (package queue, redis.NewQueue or queue.Open with a redis URL),
+// with P the queue prefix (default "dlockq:") and Q the queue's name, every
+// key in Q's slot: P{Q}:due, P{Q}:claimed and P{Q}:dead (sorted sets by due
+// time, claim deadline and death time, in ms of the server's clock),
+// P{Q}:payload and P{Q}:info (hashes by task id: the payload, and
+// "<attempts>:<claim token>"), and the channel P{Q}:due:ready for wake-ups.
+// See tasks_common.lua.
 package redis

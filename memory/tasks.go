@@ -1,0 +1,367 @@
+package memory
+
+import (
+	"context"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock/queue"
+	qdriver "github.com/dlock/dlock/queue/driver"
+)
+
+func init() {
+	qdriver.Register("mem", func(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
+		s, _, err := ParseURL(u)
+		if err != nil {
+			return nil, err
+		}
+		return &taskDriver{s: s, link: NewLink()}, nil
+	})
+}
+
+// NewQueue returns a task-queue Client on the store s (nil: the default
+// store), the in-process reference for package queue: what mem:// URLs
+// open. Link, as for locks, lets tests partition or reset it.
+func NewQueue(s *Store, link *Link) *queue.Client {
+	if s == nil {
+		s = NamedStore("")
+	}
+	if link == nil {
+		link = NewLink()
+	}
+	return queue.New(&taskDriver{s: s, link: link})
+}
+
+// taskQueue is one queue's state in a Store, under the Store's lock.
+type taskQueue struct {
+	tasks    map[string]*memTask
+	watchers map[chan struct{}]struct{}
+}
+
+type memTask struct {
+	id       string
+	due      time.Time // when waiting: when it is due
+	payload  []byte
+	attempts int
+	token    string    // "" unless claimed
+	until    time.Time // claimed: the claim's deadline
+	dead     time.Time // not zero: dead-lettered then
+}
+
+func (t *memTask) waiting() bool { return t.token == "" && t.dead.IsZero() }
+
+type taskDriver struct {
+	s    *Store
+	link *Link
+}
+
+// q returns the named queue, creating it; s.mu held.
+func (d *taskDriver) q(name string) *taskQueue {
+	if d.s.queues == nil {
+		d.s.queues = map[string]*taskQueue{}
+	}
+	q := d.s.queues[name]
+	if q == nil {
+		q = &taskQueue{tasks: map[string]*memTask{}, watchers: map[chan struct{}]struct{}{}}
+		d.s.queues[name] = q
+	}
+	return q
+}
+
+// do runs op on the queue under the store's lock, across the link.
+func (d *taskDriver) do(ctx context.Context, name string, op func(q *taskQueue, now time.Time)) error {
+	return d.link.do(ctx, func() error {
+		d.s.mu.Lock()
+		defer d.s.mu.Unlock()
+		op(d.q(name), time.Now().Truncate(time.Millisecond))
+		return nil
+	})
+}
+
+func (q *taskQueue) wake() {
+	for c := range q.watchers {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func copyTask(t *memTask, due time.Time) qdriver.Task {
+	return qdriver.Task{ID: t.id, Due: due, Payload: slices.Clone(t.payload), Attempts: t.attempts}
+}
+
+func (d *taskDriver) Enqueue(ctx context.Context, name string, r qdriver.EnqueueRequest) (qdriver.Result, error) {
+	var res qdriver.Result
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		due := now.Add(r.Delay)
+		if !r.At.IsZero() {
+			due = r.At.Truncate(time.Millisecond)
+		}
+		t := q.tasks[r.ID]
+		switch {
+		case t == nil || !t.dead.IsZero():
+			q.tasks[r.ID] = &memTask{id: r.ID, due: due, payload: slices.Clone(r.Payload)}
+			res = qdriver.Added
+		case r.Mode == qdriver.Keep:
+			res = qdriver.Kept
+			return
+		default:
+			t.due, t.token, t.until = due, "", time.Time{}
+			res = qdriver.Rescheduled
+			if r.Mode == qdriver.Replace {
+				t.payload, res = slices.Clone(r.Payload), qdriver.Replaced
+			}
+		}
+		q.wake()
+	})
+	return res, err
+}
+
+// recover makes expired claims due again (at their expiry), or dead when
+// they have had max deliveries (max 0: no dead-lettering, for Peek and
+// Pop); now is the store's clock.
+func (q *taskQueue) recover(now time.Time, max int) {
+	for _, t := range q.tasks {
+		if t.token == "" || t.until.After(now) {
+			continue
+		}
+		if max > 0 && t.attempts >= max {
+			t.token, t.dead = "", now
+			continue
+		}
+		t.token, t.due = "", t.until
+	}
+}
+
+// due returns the waiting tasks due at now, in due order, and the wait
+// until the next due time or claim expiry (negative for none).
+func (q *taskQueue) due(now time.Time) ([]*memTask, time.Duration) {
+	var ready []*memTask
+	next := time.Time{}
+	for _, t := range q.tasks {
+		switch {
+		case t.waiting() && !t.due.After(now):
+			ready = append(ready, t)
+		case t.waiting():
+			if next.IsZero() || t.due.Before(next) {
+				next = t.due
+			}
+		case t.token != "":
+			if next.IsZero() || t.until.Before(next) {
+				next = t.until
+			}
+		}
+	}
+	slices.SortFunc(ready, func(a, b *memTask) int {
+		if c := a.due.Compare(b.due); c != 0 {
+			return c
+		}
+		return compareStrings(a.id, b.id)
+	})
+	wait := time.Duration(-1)
+	if !next.IsZero() {
+		wait = max(next.Sub(now), 0)
+	}
+	return ready, wait
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (d *taskDriver) Peek(ctx context.Context, name string, n int) ([]qdriver.Task, error) {
+	var out []qdriver.Task
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		q.recover(now, 0)
+		ready, _ := q.due(now)
+		for _, t := range ready[:min(n, len(ready))] {
+			out = append(out, copyTask(t, t.due))
+		}
+	})
+	return out, err
+}
+
+func (d *taskDriver) Pop(ctx context.Context, name string, n int) ([]qdriver.Task, time.Duration, error) {
+	var out []qdriver.Task
+	var wait time.Duration
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		q.recover(now, 0)
+		ready, _ := q.due(now)
+		for _, t := range ready[:min(n, len(ready))] {
+			out = append(out, copyTask(t, t.due))
+			delete(q.tasks, t.id)
+		}
+		_, wait = q.due(now)
+	})
+	return out, wait, err
+}
+
+func (d *taskDriver) Claim(ctx context.Context, name string, n int, visibility time.Duration, maxAttempts int) ([]qdriver.Claimed, time.Duration, error) {
+	var out []qdriver.Claimed
+	var wait time.Duration
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		q.recover(now, maxAttempts)
+		ready, _ := q.due(now)
+		for _, t := range ready[:min(n, len(ready))] {
+			t.attempts++
+			t.token, t.until = qdriver.NewToken(), now.Add(visibility)
+			out = append(out, qdriver.Claimed{Task: copyTask(t, t.due), Token: t.token})
+		}
+		_, wait = q.due(now)
+	})
+	return out, wait, err
+}
+
+// current returns the task if token's claim on it is current; q held.
+func (q *taskQueue) current(id, token string, now time.Time) *memTask {
+	t := q.tasks[id]
+	if t == nil || t.token != token || !t.until.After(now) {
+		return nil
+	}
+	return t
+}
+
+func (d *taskDriver) Ack(ctx context.Context, name, id, token string) (bool, error) {
+	var ok bool
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		if q.current(id, token, now) != nil {
+			delete(q.tasks, id)
+			ok = true
+		}
+	})
+	return ok, err
+}
+
+func (d *taskDriver) Extend(ctx context.Context, name, id, token string, ext time.Duration) (bool, error) {
+	var ok bool
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		if t := q.current(id, token, now); t != nil {
+			t.until, ok = now.Add(ext), true
+		}
+	})
+	return ok, err
+}
+
+func (d *taskDriver) Nack(ctx context.Context, name, id, token string, delay time.Duration, maxAttempts int) (bool, error) {
+	var ok bool
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		t := q.current(id, token, now)
+		if t == nil {
+			return
+		}
+		ok = true
+		t.token, t.until = "", time.Time{}
+		if maxAttempts > 0 && t.attempts >= maxAttempts {
+			t.dead = now
+			return
+		}
+		t.due = now.Add(delay)
+		q.wake()
+	})
+	return ok, err
+}
+
+func (d *taskDriver) Delete(ctx context.Context, name, id string, due time.Time) (bool, error) {
+	var ok bool
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		if t := q.tasks[id]; t != nil && t.waiting() && t.due.Equal(due.Truncate(time.Millisecond)) {
+			delete(q.tasks, id)
+			ok = true
+		}
+	})
+	return ok, err
+}
+
+func (d *taskDriver) Stats(ctx context.Context, name string) (qdriver.Stats, error) {
+	var s qdriver.Stats
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		for _, t := range q.tasks {
+			switch {
+			case !t.dead.IsZero():
+				s.Dead++
+			case t.token != "" && t.until.After(now):
+				s.Claimed++
+			case t.token != "" || !t.due.After(now):
+				s.Due++
+			default:
+				s.Delayed++
+			}
+		}
+	})
+	return s, err
+}
+
+func (d *taskDriver) Dead(ctx context.Context, name string, n int) ([]qdriver.Task, error) {
+	var out []qdriver.Task
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		var dead []*memTask
+		for _, t := range q.tasks {
+			if !t.dead.IsZero() {
+				dead = append(dead, t)
+			}
+		}
+		slices.SortFunc(dead, func(a, b *memTask) int { return a.dead.Compare(b.dead) })
+		for _, t := range dead[:min(n, len(dead))] {
+			out = append(out, copyTask(t, t.due))
+		}
+	})
+	return out, err
+}
+
+func (d *taskDriver) Requeue(ctx context.Context, name, id string, delay time.Duration) (bool, error) {
+	var ok bool
+	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
+		if t := q.tasks[id]; t != nil && !t.dead.IsZero() {
+			t.dead, t.attempts, t.due, ok = time.Time{}, 0, now.Add(delay), true
+			q.wake()
+		}
+	})
+	return ok, err
+}
+
+func (d *taskDriver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	c := make(chan struct{}, 1)
+	err := d.link.do(ctx, func() error {
+		d.s.mu.Lock()
+		defer d.s.mu.Unlock()
+		d.q(name).watchers[c] = struct{}{}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	var once sync.Once
+	return c, func() {
+		once.Do(func() {
+			d.s.mu.Lock()
+			defer d.s.mu.Unlock()
+			delete(d.q(name).watchers, c)
+		})
+	}, nil
+}
+
+func (d *taskDriver) Close() error { return nil }
+
+// QueuedIDs lists the ids of every task the store keeps for the queue (due,
+// delayed, claimed or dead), for tests.
+func (s *Store) QueuedIDs(queue string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	if q := s.queues[queue]; q != nil {
+		for id := range q.tasks {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}

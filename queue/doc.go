@@ -1,0 +1,59 @@
+// Package queue is a delayed task queue on Redis, PostgreSQL or in process,
+// with dlock's conventions: opened from a URL or from the application's own
+// client, every operation atomic on the server, a public conformance suite
+// every driver passes.
+//
+//	c, err := queue.Open(ctx, "redis://127.0.0.1:6379/0") // or postgres://…, mem://
+//	if err != nil { ... }
+//	defer c.Close()
+//	orders, _ := c.Queue("orders", nil)
+//	orders.Enqueue(ctx, "order-42", &queue.EnqueueOptions{Delay: time.Minute, Payload: data})
+//
+//	claims, err := orders.ClaimWait(ctx, 10, 30*time.Second) // blocks, woken by the server
+//	for _, cl := range claims {
+//		if err := process(cl.Payload); err != nil {
+//			cl.Nack(ctx, 5*time.Second) // again in 5s (dead-lettered after MaxAttempts)
+//			continue
+//		}
+//		cl.Ack(ctx) // removes the task, unless the claim ran out meanwhile (ErrClaimLost)
+//	}
+//
+// Import the driver's package for its scheme: dlock/redis (redis://,
+// rediss://; also a Redis Cluster through redis.NewQueue), dlock/postgres
+// (postgres://, postgresql://), dlock/memory (mem://). etcd and ZooKeeper
+// are not queue backends: they are built to coordinate, not to hold a
+// backlog of tasks.
+//
+// # Semantics
+//
+//   - A task has an id (validated as lock names are), a due time, a payload
+//     of at most MaxPayload (1 MiB) and an attempt count.
+//   - Enqueue deduplicates: an id already queued (due, delayed or claimed)
+//     keeps its place and payload, unless EnqueueOptions ask to Replace
+//     (payload and due time) or Reschedule (due time) it; the result says
+//     which happened. Either ends a current claim on it.
+//   - Due times are the server's clock: a task is never delivered before it
+//     is due, whatever the clients' clocks say.
+//   - Peek shows due tasks in due order; Pop takes them at once (at most
+//     once: a worker that crashes after Pop has lost them).
+//   - Claim takes them for a visibility timeout (at least once): Ack
+//     removes the task only while the claim is current; a claim that runs
+//     out makes the task due again, delivered to the next Claim with its
+//     Attempts raised; after Options.MaxAttempts deliveries it is
+//     dead-lettered (Dead lists, Requeue moves back). No two claims on one
+//     task are current at once. Claim.Until is counted from when the request
+//     was sent, so the server's deadline is no earlier.
+//   - Delete(id, due) is the articles' compare-and-remove: it removes a
+//     waiting task only if it is still due at the time the caller read.
+//   - PopWait and ClaimWait block until a task is there, woken by the server
+//     (Redis pub/sub, PostgreSQL LISTEN/NOTIFY) when one is enqueued,
+//     nacked or requeued, and by a timer when the next one becomes due; a
+//     missed wake-up costs at most 5s.
+//   - Bad input (an invalid id, n outside 1..MaxBatch, a negative delay, an
+//     oversized payload, a zero visibility) is ErrInvalid before any I/O. An
+//     error from any other call leaves every task where it was or where the
+//     call atomically put it.
+//
+// Drivers implement package queue/driver and pass package queue/conformance
+// against a real server.
+package queue

@@ -1,0 +1,74 @@
+-- tasks_common.lua: helpers every task-queue script starts with (the Go side
+-- prepends this file to each). Every script takes the same keys, all in the
+-- queue's hash slot (Q is the queue name, P the key prefix):
+--
+-- KEYS[1]  P{Q}:due      sorted set: waiting tasks, scored by due time (ms,
+--                        the server's clock)
+-- KEYS[2]  P{Q}:claimed  sorted set: claimed tasks, scored by the claim's
+--                        deadline (ms)
+-- KEYS[3]  P{Q}:dead     sorted set: dead-lettered tasks, scored by when
+-- KEYS[4]  P{Q}:payload  hash: id -> payload
+-- KEYS[5]  P{Q}:info     hash: id -> "<attempts>:<claim token>" (token
+--                        empty unless claimed)
+--
+-- Wake-ups are PUBLISHed on KEYS[1] .. ":ready". Redis deletes a sorted set
+-- or hash when its last member goes: a drained queue leaves no key.
+
+local function now_ms()
+	local t = redis.call("TIME")
+	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- info returns a task's attempts and claim token.
+local function info(id)
+	local v = redis.call("HGET", KEYS[5], id)
+	if not v then
+		return 0, ""
+	end
+	local a, tok = string.match(v, "^(%d+):(.*)$")
+	return tonumber(a), tok
+end
+
+-- recover makes expired claims (deadline <= now) due again at their
+-- deadline, or dead-letters those that have had max deliveries (max 0:
+-- never).
+local function recover(now, max)
+	local exp = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "WITHSCORES", "LIMIT", 0, 1000)
+	for i = 1, #exp, 2 do
+		local id = exp[i]
+		local a = info(id)
+		redis.call("ZREM", KEYS[2], id)
+		redis.call("HSET", KEYS[5], id, a .. ":")
+		if max > 0 and a >= max then
+			redis.call("ZADD", KEYS[3], now, id)
+		else
+			redis.call("ZADD", KEYS[1], exp[i + 1], id)
+		end
+	end
+end
+
+-- wait is the time in ms until the next task is due or the next claim
+-- expires, -1 when there is neither.
+local function wait(now)
+	local w = -1
+	for _, k in ipairs({KEYS[1], KEYS[2]}) do
+		local first = redis.call("ZRANGE", k, 0, 0, "WITHSCORES")
+		if first[2] then
+			local x = math.max(tonumber(first[2]) - now, 0)
+			if w < 0 or x < w then
+				w = x
+			end
+		end
+	end
+	return w
+end
+
+-- forget removes a task's payload and info.
+local function forget(id)
+	redis.call("HDEL", KEYS[4], id)
+	redis.call("HDEL", KEYS[5], id)
+end
+
+local function wake()
+	redis.pcall("PUBLISH", KEYS[1] .. ":ready", "")
+end

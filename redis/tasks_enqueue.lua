@@ -1,0 +1,33 @@
+-- tasks_enqueue.lua: add a task, or keep, replace or reschedule a queued one.
+-- ARGV[1] id; ARGV[2] delay ms; ARGV[3] due time ms ("" for now + delay);
+-- ARGV[4] payload; ARGV[5] mode: "0" keep, "1" replace, "2" reschedule.
+-- Returns 1 added, 2 kept, 3 replaced, 4 rescheduled.
+local now = now_ms()
+local id = ARGV[1]
+local due = now + tonumber(ARGV[2])
+if ARGV[3] ~= "" then
+	due = tonumber(ARGV[3])
+end
+local queued = redis.call("ZSCORE", KEYS[1], id) or redis.call("ZSCORE", KEYS[2], id)
+local result
+if not queued then
+	redis.call("ZREM", KEYS[3], id) -- a dead task is added anew
+	redis.call("ZADD", KEYS[1], due, id)
+	redis.call("HSET", KEYS[4], id, ARGV[4])
+	redis.call("HSET", KEYS[5], id, "0:")
+	result = 1
+elseif ARGV[5] == "0" then
+	return 2
+else
+	local a = info(id)
+	redis.call("ZREM", KEYS[2], id) -- ends a claim
+	redis.call("ZADD", KEYS[1], due, id)
+	redis.call("HSET", KEYS[5], id, a .. ":")
+	result = 4
+	if ARGV[5] == "1" then
+		redis.call("HSET", KEYS[4], id, ARGV[4])
+		result = 3
+	end
+end
+wake()
+return result
