@@ -69,6 +69,8 @@ Scenarios:
                ONE name for -duration: ops/s, fairness = min/max per worker
   independent  the same on one name per worker: ops/s
 
+dlock bench queue measures the task queue instead (dlock bench queue -h).
+
 The table goes to stdout, progress to stderr. -o and -html also write the
 report to a file; -html's page is self-contained (its charts included) and
 shows the latency distributions, throughputs against each floor, the
@@ -109,6 +111,9 @@ func (u urlFlag) Set(v string) error {
 }
 
 func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "queue" {
+		return benchQueueMain(ctx, args[1:], stdout, stderr)
+	}
 	fs, o := benchFlagSet(stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -200,3 +200,24 @@ func TestProgressWriter(t *testing.T) {
 		t.Errorf("plain output %q", buf.String())
 	}
 }
+
+// dlock bench queue on memory prints its row with throughputs and a
+// due-to-claimed latency; a backend without a task queue is bad usage.
+func TestBenchQueueMemory(t *testing.T) {
+	code, out, errOut := runCmd(t, "bench", "queue", "-backends", "memory", "-duration", "100ms", "-n", "5", "-rounds", "1", "-q")
+	if code != 0 {
+		t.Fatalf("status %d; stderr:\n%s", code, errOut)
+	}
+	var row []string
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "memory" {
+			row = f
+		}
+	}
+	if len(row) != 9 || row[1] == "0" || row[4] == "0" || row[7] == "-" {
+		t.Fatalf("memory row %q in:\n%s", row, out)
+	}
+	if code, _, _ := runCmd(t, "bench", "queue", "-backends", "etcd"); code != 2 {
+		t.Errorf("-backends etcd: status %d, want 2", code)
+	}
+}
