@@ -75,20 +75,13 @@ func inspectMain(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	u, _ := url.Parse(rawURL)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	l, err := dlock.Open(ctx, rawURL)
-	if err != nil {
-		fmt.Fprintf(stderr, "dlock inspect: %v\n", driver.RedactError(err, u))
-		if errors.Is(err, dlock.ErrInvalid) {
-			return exitUsage
-		}
-		return exitFailed
+	l, closeLocker, code := openLocker(ctx, "dlock inspect", rawURL, stderr)
+	if l == nil {
+		return code
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = l.Close(cctx)
-	}()
+	defer closeLocker()
 	var infos []dlock.LockInfo
+	var err error
 	if prefixSet {
 		infos, err = l.InspectPrefix(ctx, *prefix)
 	} else {

@@ -123,19 +123,11 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	l, err := dlock.Open(ctx, *rawURL)
-	if err != nil {
-		fmt.Fprintf(stderr, "dlock run: %v\n", driver.RedactError(err, u))
-		if errors.Is(err, dlock.ErrInvalid) {
-			return exitUsage
-		}
-		return exitFailed
+	l, closeLocker, code := openLocker(ctx, "dlock run", *rawURL, stderr)
+	if l == nil {
+		return code
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = l.Close(cctx)
-	}()
+	defer closeLocker()
 
 	ls, code := acquireForRun(ctx, l, name, *ttl, *wait, *try, sigs, stderr, u)
 	if ls == nil {
@@ -313,4 +305,24 @@ func exitStatus(err error) int {
 		return ee.ExitCode()
 	}
 	return exitFailed
+}
+
+// openLocker opens the URL's Locker for a command named cmd; on failure it
+// says why on stderr (without the password) and returns nil and the exit
+// status: usage for a bad URL, failed otherwise.
+func openLocker(ctx context.Context, cmd, rawURL string, stderr io.Writer) (*dlock.Locker, func(), int) {
+	l, err := dlock.Open(ctx, rawURL)
+	if err != nil {
+		u, _ := url.Parse(rawURL)
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, driver.RedactError(err, u))
+		if errors.Is(err, dlock.ErrInvalid) {
+			return nil, nil, exitUsage
+		}
+		return nil, nil, exitFailed
+	}
+	return l, func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = l.Close(cctx)
+	}, 0
 }

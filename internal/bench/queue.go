@@ -150,14 +150,16 @@ func RunQueue(ctx context.Context, cfg QueueConfig, targets []QueueTarget) []Que
 	return out
 }
 
-// clients opens n queue clients.
-func queueClients(ctx context.Context, t QueueTarget, n int) ([]*queue.Client, func(), error) {
+// queues opens n queue clients and returns each one's queue of that name,
+// and a function that closes them.
+func queues(ctx context.Context, t QueueTarget, n int, name string) ([]*queue.Queue, func(), error) {
 	var cs []*queue.Client
 	closeAll := func() {
 		for _, c := range cs {
 			_ = c.Close()
 		}
 	}
+	qs := make([]*queue.Queue, 0, n)
 	for range n {
 		c, err := t.Open(ctx)
 		if err != nil {
@@ -165,8 +167,14 @@ func queueClients(ctx context.Context, t QueueTarget, n int) ([]*queue.Client, f
 			return nil, nil, err
 		}
 		cs = append(cs, c)
+		q, err := c.Queue(name, nil)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		qs = append(qs, q)
 	}
-	return cs, closeAll, nil
+	return qs, closeAll, nil
 }
 
 // parallel runs f on every worker until d has passed and returns ops/s.
@@ -201,15 +209,11 @@ func parallel(ctx context.Context, workers int, d time.Duration, f func(w int, i
 }
 
 func queueEnqueue(ctx context.Context, cfg QueueConfig, t QueueTarget, name string) (float64, error) {
-	cs, closeAll, err := queueClients(ctx, t, cfg.Workers)
+	qs, closeAll, err := queues(ctx, t, cfg.Workers, name)
 	if err != nil {
 		return 0, err
 	}
 	defer closeAll()
-	qs := make([]*queue.Queue, len(cs))
-	for i, c := range cs {
-		qs[i], _ = c.Queue(name, nil)
-	}
 	return parallel(ctx, cfg.Workers, cfg.Duration, func(w, i int) (bool, error) {
 		if i >= maxQueued/cfg.Workers {
 			return false, nil
@@ -226,15 +230,11 @@ const maxQueued = 20000
 // queueClaimAck drains what queueEnqueue queued, one task per Claim and
 // Ack, for cfg.Duration at most.
 func queueClaimAck(ctx context.Context, cfg QueueConfig, t QueueTarget, name string) (float64, error) {
-	cs, closeAll, err := queueClients(ctx, t, cfg.Workers)
+	qs, closeAll, err := queues(ctx, t, cfg.Workers, name)
 	if err != nil {
 		return 0, err
 	}
 	defer closeAll()
-	qs := make([]*queue.Queue, len(cs))
-	for i, c := range cs {
-		qs[i], _ = c.Queue(name, nil)
-	}
 	ops, err := parallel(ctx, cfg.Workers, cfg.Duration, func(w, i int) (bool, error) {
 		cl, err := qs[w].Claim(ctx, 1, time.Minute)
 		if err != nil || len(cl) == 0 {
@@ -303,15 +303,11 @@ func floorQueue(ctx context.Context, cfg QueueConfig, t QueueTarget, name string
 
 // queuePop drains the queue with Pop(1) on every worker.
 func queuePop(ctx context.Context, cfg QueueConfig, t QueueTarget, name string) (float64, error) {
-	cs, closeAll, err := queueClients(ctx, t, cfg.Workers)
+	qs, closeAll, err := queues(ctx, t, cfg.Workers, name)
 	if err != nil {
 		return 0, err
 	}
 	defer closeAll()
-	qs := make([]*queue.Queue, len(cs))
-	for i, c := range cs {
-		qs[i], _ = c.Queue(name, nil)
-	}
 	ops, err := parallel(ctx, cfg.Workers, cfg.Duration, func(w, i int) (bool, error) {
 		ts, err := qs[w].Pop(ctx, 1)
 		return len(ts) == 1, err
@@ -330,13 +326,12 @@ func queuePop(ctx context.Context, cfg QueueConfig, t QueueTarget, name string) 
 // (the enqueue's send time plus the delay: the server's due time is no
 // earlier) to when the worker had it.
 func queueDueToClaimed(ctx context.Context, cfg QueueConfig, t QueueTarget, name string) (Latency, error) {
-	cs, closeAll, err := queueClients(ctx, t, 2)
+	qs, closeAll, err := queues(ctx, t, 2, name)
 	if err != nil {
 		return Latency{}, err
 	}
 	defer closeAll()
-	producer, _ := cs[0].Queue(name, nil)
-	worker, _ := cs[1].Queue(name, nil)
+	producer, worker := qs[0], qs[1]
 	var samples []time.Duration
 	start := time.Now()
 	for i := range cfg.N {
