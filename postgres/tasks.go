@@ -47,9 +47,9 @@ type QueueOptions struct {
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$`)
 
 // NewQueue returns a task-queue Client (package queue) on the
-// application's pool: every operation is one statement or one batch run as
-// one implicit transaction; waiting Claims are woken by LISTEN/NOTIFY on
-// one connection of the pool, held while someone waits. Closing the Client
+// application's pool: every operation is one statement (and a NOTIFY after it when it
+// made a task due); waiting Claims are woken by LISTEN/NOTIFY on one
+// connection of the pool, held while someone waits. Closing the Client
 // does not close the pool.
 func NewQueue(pool *pgxpool.Pool, opts *QueueOptions) (*queue.Client, error) {
 	if pool == nil {
@@ -94,6 +94,8 @@ func newTaskDriver(pool *pgxpool.Pool, opts *QueueOptions, owns bool) (*taskDriv
 	}
 	d := &taskDriver{pool: pool, owns: owns, table: table, watchers: map[string]map[chan struct{}]struct{}{}}
 	d.sql = strings.NewReplacer("dlock_tasks", table)
+	d.enqueueSQL = d.q(enqueueSQL)
+	d.peekSQL, d.popSQL, d.claimSQL = d.q(takeSQL(peekOp)), d.q(takeSQL(popOp)), d.q(takeSQL(claimOp))
 	return d, nil
 }
 
@@ -102,6 +104,9 @@ type taskDriver struct {
 	owns  bool
 	table string
 	sql   *strings.Replacer
+
+	// The statements of the hot paths, with the table's name in place.
+	enqueueSQL, peekSQL, popSQL, claimSQL string
 
 	ddlMu sync.Mutex
 	ddlOK bool
@@ -138,19 +143,8 @@ func (d *taskDriver) ensure(ctx context.Context) error {
 	return fmt.Errorf("postgres: creating the task table %s: %w", d.table, err)
 }
 
-// batch runs the statements as one implicit transaction (one round trip)
-// and returns its results to read in order.
-func (d *taskDriver) batch(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
-	if err := d.ensure(ctx); err != nil {
-		return nil, err
-	}
-	return d.pool.SendBatch(ctx, b), nil
-}
-
 const (
-	dueExpr   = `date_trunc('milliseconds', now())`
-	msOf      = `(extract(epoch from %s) * 1000)::bigint`
-	notifySQL = `SELECT pg_notify('` + notifyChannel + `', $1)`
+	dueExpr = `date_trunc('milliseconds', now())`
 )
 
 func (d *taskDriver) q(s string) string { return d.sql.Replace(s) }
@@ -165,58 +159,76 @@ func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRe
 	if payload == nil {
 		payload = []byte{}
 	}
-	b := &pgx.Batch{}
-	b.Queue(d.q(`DELETE FROM dlock_tasks WHERE queue = $1 AND id = $2 AND state = 2`), qn, r.ID)
-	b.Queue(d.q(`INSERT INTO dlock_tasks AS t (queue, id, state, due, payload)
+	if err := d.ensure(ctx); err != nil {
+		return 0, err
+	}
+	var (
+		changed, inserted *bool
+		old               *int16
+	)
+	err := d.pool.QueryRow(ctx, d.enqueueSQL, qn, r.ID, r.Delay.Milliseconds(), at, payload, int(r.Mode)).
+		Scan(&changed, &inserted, &old)
+	if err != nil {
+		return 0, fmt.Errorf("postgres: enqueue on %q: %w", qn, err)
+	}
+	if changed == nil {
+		return qdriver.Kept, nil
+	}
+	if err := d.notify(ctx, qn); err != nil {
+		return 0, fmt.Errorf("postgres: enqueue on %q: the task is queued, but waking its waiters failed: %w", qn, err)
+	}
+	switch {
+	case *inserted || (old != nil && *old == 2):
+		return qdriver.Added, nil
+	case r.Mode == qdriver.Replace:
+		return qdriver.Replaced, nil
+	default:
+		return qdriver.Rescheduled, nil
+	}
+}
+
+// enqueueSQL inserts the task ($1 queue, $2 id, $3 delay or $4 time in ms,
+// $5 payload) or, when it is queued, leaves it ($6 Keep) or replaces ($6
+// Replace) or reschedules it; a dead task is queued afresh whatever $6
+// says.
+// It returns whether a row changed, whether it was inserted, and the task's
+// state before (from the statement's snapshot: it only names the result).
+const enqueueSQL = `WITH old AS (SELECT state FROM dlock_tasks WHERE queue = $1 AND id = $2),
+	up AS (INSERT INTO dlock_tasks AS t (queue, id, state, due, payload)
 		VALUES ($1, $2, 0, COALESCE('epoch'::timestamptz + $4::bigint * interval '1 millisecond',
 		        date_trunc('milliseconds', now()) + $3::bigint * interval '1 millisecond'), $5)
 		ON CONFLICT (queue, id) DO UPDATE SET
 		  state = 0, token = NULL, due = excluded.due,
-		  payload = CASE WHEN $6::int = 1 THEN excluded.payload ELSE t.payload END
-		WHERE $6::int <> 0
-		RETURNING xmax = 0`), qn, r.ID, r.Delay.Milliseconds(), at, payload, int(r.Mode))
-	b.Queue(notifySQL, qn)
-	br, err := d.batch(ctx, b)
-	if err != nil {
-		return 0, err
-	}
-	defer br.Close()
-	tag, err := br.Exec()
-	if err != nil {
-		return 0, fmt.Errorf("postgres: enqueue on %q: %w", qn, err)
-	}
-	revived := tag.RowsAffected() == 1
-	var inserted bool
-	err = br.QueryRow().Scan(&inserted)
-	res := qdriver.Added
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		res = qdriver.Kept
-	case err != nil:
-		return 0, fmt.Errorf("postgres: enqueue on %q: %w", qn, err)
-	case inserted || revived:
-	case r.Mode == qdriver.Replace:
-		res = qdriver.Replaced
-	default:
-		res = qdriver.Rescheduled
-	}
-	if _, err := br.Exec(); err != nil {
-		return 0, fmt.Errorf("postgres: enqueue on %q: %w", qn, err)
-	}
-	return res, br.Close()
+		  payload = CASE WHEN $6::int = 1 OR t.state = 2 THEN excluded.payload ELSE t.payload END,
+		  attempts = CASE WHEN t.state = 2 THEN 0 ELSE t.attempts END
+		WHERE $6::int <> 0 OR t.state = 2
+		RETURNING xmax = 0 AS inserted)
+	SELECT (SELECT true FROM up), (SELECT inserted FROM up), (SELECT state FROM old)`
+
+// takeSQL runs an operation on a queue's due tasks as one statement, with
+// the recovery of expired claims before it ($1 queue, $3 maxAttempts): each
+// expired claim becomes due again at its deadline, or dead when $3 > 0 and
+// it has had $3 deliveries. op is a CTE named op returning (id, due_ms,
+// attempts, payload, token). The statement returns op's rows, each with the
+// number of claims recovered; when op has none, one row of NULLs with the
+// time in ms until the next due task or claim expiry (NULL when there is
+// none) instead. Recovered tasks are not visible to op (one snapshot): the
+// caller runs it again when it took fewer than it asked for and some were
+// recovered.
+func takeSQL(op string) string {
+	return `WITH rec AS (UPDATE dlock_tasks SET token = NULL,
+	  state = CASE WHEN $3::int > 0 AND attempts >= $3::int THEN 2 ELSE 0 END,
+	  due = CASE WHEN $3::int > 0 AND attempts >= $3::int THEN date_trunc('milliseconds', now()) ELSE due END
+	  WHERE queue = $1 AND state = 1 AND due <= now() RETURNING 1),
+	op AS (` + op + `)
+	SELECT id, due_ms, attempts, payload, token, NULL::bigint, (SELECT count(*) FROM rec) FROM op
+	UNION ALL
+	SELECT NULL, NULL, NULL, NULL, NULL, (extract(epoch from (LEAST(
+	  (SELECT min(due) FROM dlock_tasks WHERE queue = $1 AND state = 0),
+	  (SELECT min(due) FROM dlock_tasks WHERE queue = $1 AND state = 1)) - now())) * 1000)::bigint,
+	  (SELECT count(*) FROM rec)
+	WHERE NOT EXISTS (SELECT 1 FROM op)`
 }
-
-// recoverSQL makes the expired claims due again at their deadline, or dead
-// when $2 > 0 and they have had $2 deliveries.
-const recoverSQL = `UPDATE dlock_tasks SET token = NULL,
-	state = CASE WHEN $2::int > 0 AND attempts >= $2::int THEN 2 ELSE 0 END,
-	due = CASE WHEN $2::int > 0 AND attempts >= $2::int THEN date_trunc('milliseconds', now()) ELSE due END
-	WHERE queue = $1 AND state = 1 AND due <= now()`
-
-// waitSQL is the time in ms until the next due task or claim expiry.
-const waitSQL = `SELECT (extract(epoch from (LEAST(
-	(SELECT min(due) FROM dlock_tasks WHERE queue = $1 AND state = 0),
-	(SELECT min(due) FROM dlock_tasks WHERE queue = $1 AND state = 1)) - now())) * 1000)::bigint`
 
 type row struct {
 	id       string
@@ -226,14 +238,33 @@ type row struct {
 	token    *string
 }
 
-func readRows(rows pgx.Rows) ([]row, error) {
-	var out []row
+// readRows reads takeSQL's result: the rows in due order, the wait (-1
+// for none; only when there are no rows) and the number of claims
+// recovered.
+func readRows(rows pgx.Rows) ([]row, time.Duration, int64, error) {
+	var (
+		out       []row
+		wait      = time.Duration(-1)
+		recovered int64
+	)
 	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.id, &r.due, &r.attempts, &r.payload, &r.token); err != nil {
+		var (
+			r      row
+			id     *string
+			due, w *int64
+			att    *int32
+		)
+		if err := rows.Scan(&id, &due, &att, &r.payload, &r.token, &w, &recovered); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, 0, 0, err
 		}
+		if id == nil {
+			if w != nil {
+				wait = time.Duration(max(*w, 0)) * time.Millisecond
+			}
+			continue
+		}
+		r.id, r.due, r.attempts = *id, *due, int(*att)
 		out = append(out, r)
 	}
 	rows.Close()
@@ -243,59 +274,57 @@ func readRows(rows pgx.Rows) ([]row, error) {
 		}
 		return strings.Compare(a.id, b.id)
 	})
-	return out, rows.Err()
+	return out, wait, recovered, rows.Err()
 }
 
 func (r row) task() qdriver.Task {
 	return qdriver.Task{ID: r.id, Due: time.UnixMilli(r.due), Payload: r.payload, Attempts: r.attempts}
 }
 
-// take runs recover, the operation's statement and the wait query as one
-// batch.
-func (d *taskDriver) take(ctx context.Context, qn, what string, max int, stmt string, args ...any) ([]row, time.Duration, error) {
-	b := &pgx.Batch{}
-	b.Queue(d.q(recoverSQL), qn, max)
-	b.Queue(d.q(stmt), args...)
-	b.Queue(d.q(waitSQL), qn)
-	br, err := d.batch(ctx, b)
-	if err != nil {
+// take runs takeSQL(op) with args ($1 queue, $2 n, $3 maxAttempts, then
+// op's own), once more when claims were recovered and fewer than n taken.
+func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, args ...any) ([]row, time.Duration, error) {
+	if err := d.ensure(ctx); err != nil {
 		return nil, 0, err
 	}
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
+	var out []row
+	for {
+		rows, err := d.pool.Query(ctx, stmt, args...)
+		if err != nil {
+			return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
+		}
+		got, wait, recovered, err := readRows(rows)
+		if err != nil {
+			return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
+		}
+		out = append(out, got...)
+		if recovered == 0 || len(got) == 0 && wait != 0 || len(got) >= args[1].(int) {
+			return out, wait, nil
+		}
+		args[1] = args[1].(int) - len(got)
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
-	}
-	out, err := readRows(rows)
-	if err != nil {
-		return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
-	}
-	var wait *int64
-	if err := br.QueryRow().Scan(&wait); err != nil {
-		return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
-	}
-	w := time.Duration(-1)
-	if wait != nil {
-		w = time.Duration(max64(*wait, 0)) * time.Millisecond
-	}
-	return out, w, br.Close()
 }
 
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
-}
-
-var dueMs = fmt.Sprintf(msOf, "due")
+// The operations on due tasks, for takeSQL: $2 is n, $4 the claim token's
+// prefix, $5 the visibility in ms.
+const (
+	peekOp = `SELECT id, (extract(epoch from due) * 1000)::bigint AS due_ms, attempts, payload, token FROM dlock_tasks
+		WHERE queue = $1 AND state = 0 AND due <= now() ORDER BY due, id LIMIT $2`
+	popOp = `DELETE FROM dlock_tasks t USING (
+		  SELECT id FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
+		  ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) c
+		WHERE t.queue = $1 AND t.id = c.id
+		RETURNING t.id, (extract(epoch from t.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token`
+	claimOp = `UPDATE dlock_tasks t SET state = 1, attempts = t.attempts + 1,
+		  token = $4 || ':' || t.id, due = ` + dueExpr + ` + $5::bigint * interval '1 millisecond'
+		FROM (SELECT id, due FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
+		      ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) c
+		WHERE t.queue = $1 AND t.id = c.id
+		RETURNING t.id, (extract(epoch from c.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token`
+)
 
 func (d *taskDriver) Peek(ctx context.Context, qn string, n int) ([]qdriver.Task, error) {
-	rows, _, err := d.take(ctx, qn, "peek", 0, `SELECT id, `+dueMs+`, attempts, payload, token FROM dlock_tasks
-		WHERE queue = $1 AND state = 0 AND due <= now() ORDER BY due, id LIMIT $2`, qn, n)
+	rows, _, err := d.take(ctx, qn, "peek", d.peekSQL, qn, n, 0)
 	return tasksOf(rows), err
 }
 
@@ -308,21 +337,12 @@ func tasksOf(rows []row) []qdriver.Task {
 }
 
 func (d *taskDriver) Pop(ctx context.Context, qn string, n int) ([]qdriver.Task, time.Duration, error) {
-	rows, w, err := d.take(ctx, qn, "pop", 0, `DELETE FROM dlock_tasks t USING (
-		  SELECT id FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
-		  ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) c
-		WHERE t.queue = $1 AND t.id = c.id
-		RETURNING t.id, `+fmt.Sprintf(msOf, "t.due")+`, t.attempts, t.payload, t.token`, qn, n)
+	rows, w, err := d.take(ctx, qn, "pop", d.popSQL, qn, n, 0)
 	return tasksOf(rows), w, err
 }
 
 func (d *taskDriver) Claim(ctx context.Context, qn string, n int, vis time.Duration, max int) ([]qdriver.Claimed, time.Duration, error) {
-	rows, w, err := d.take(ctx, qn, "claim", max, `UPDATE dlock_tasks t SET state = 1, attempts = t.attempts + 1,
-		  token = $3 || ':' || t.id, due = `+dueExpr+` + $4::bigint * interval '1 millisecond'
-		FROM (SELECT id, due FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
-		      ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) c
-		WHERE t.queue = $1 AND t.id = c.id
-		RETURNING t.id, `+fmt.Sprintf(msOf, "c.due")+`, t.attempts, t.payload, t.token`, qn, n, qdriver.NewToken(), vis.Milliseconds())
+	rows, w, err := d.take(ctx, qn, "claim", d.claimSQL, qn, n, max, qdriver.NewToken(), vis.Milliseconds())
 	out := make([]qdriver.Claimed, len(rows))
 	for i, r := range rows {
 		out[i] = qdriver.Claimed{Task: r.task(), Token: *r.token}
@@ -333,25 +353,33 @@ func (d *taskDriver) Claim(ctx context.Context, qn string, n int, vis time.Durat
 // current is the condition of a current claim: $1 queue, $2 id, $3 token.
 const current = `queue = $1 AND id = $2 AND state = 1 AND token = $3 AND due > now()`
 
+// notify wakes the waiters on the queue, after the change that made a task
+// due has committed. It is a transaction of its own: NOTIFY takes a lock
+// that serialises the commits of notifying transactions, and a transaction
+// that writes no data commits without waiting for the WAL to be flushed,
+// so that lock is held for a moment, not across the change's flush.
+func (d *taskDriver) notify(ctx context.Context, qn string) error {
+	_, err := d.pool.Exec(ctx, `SELECT pg_notify('`+notifyChannel+`', $1)`, qn)
+	return err
+}
+
+// exec runs stmt, which changes at most one row, and says whether it did;
+// with notify, the waiters on the queue ($1) are woken when it did.
 func (d *taskDriver) exec(ctx context.Context, what, qn string, notify bool, stmt string, args ...any) (bool, error) {
-	b := &pgx.Batch{}
-	b.Queue(d.q(stmt), args...)
-	if notify {
-		b.Queue(notifySQL, qn)
-	}
-	br, err := d.batch(ctx, b)
-	if err != nil {
+	if err := d.ensure(ctx); err != nil {
 		return false, err
 	}
-	defer br.Close()
-	tag, err := br.Exec()
-	if err == nil && notify {
-		_, err = br.Exec()
-	}
+	tag, err := d.pool.Exec(ctx, d.q(stmt), args...)
 	if err != nil {
 		return false, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
 	}
-	return tag.RowsAffected() == 1, br.Close()
+	changed := tag.RowsAffected() == 1
+	if changed && notify {
+		if err := d.notify(ctx, qn); err != nil {
+			return true, fmt.Errorf("postgres: %s on %q: done, but waking the queue's waiters failed: %w", what, qn, err)
+		}
+	}
+	return changed, nil
 }
 
 func (d *taskDriver) Ack(ctx context.Context, qn, id, token string) (bool, error) {
@@ -401,12 +429,12 @@ func (d *taskDriver) Dead(ctx context.Context, qn string, n int) ([]qdriver.Task
 	if err := d.ensure(ctx); err != nil {
 		return nil, err
 	}
-	rows, err := d.pool.Query(ctx, d.q(`SELECT id, `+dueMs+`, attempts, payload, token FROM dlock_tasks
-		WHERE queue = $1 AND state = 2 ORDER BY due, id LIMIT $2`), qn, n)
+	rows, err := d.pool.Query(ctx, d.q(`SELECT id, (extract(epoch from due) * 1000)::bigint, attempts, payload, token,
+		NULL::bigint, 0::bigint FROM dlock_tasks WHERE queue = $1 AND state = 2 ORDER BY due, id LIMIT $2`), qn, n)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: dead letters of %q: %w", qn, err)
 	}
-	out, err := readRows(rows)
+	out, _, _, err := readRows(rows)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: dead letters of %q: %w", qn, err)
 	}
