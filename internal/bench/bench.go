@@ -9,6 +9,13 @@
 // a change in the machine's load weighs on both alike: the interesting
 // figures are the ratios.
 //
+// A target may also have peers (Target.Peers, `dlock bench -peers`): the
+// locks of other libraries on the same backend (redsync, redislock, etcd's
+// concurrency.Mutex, zk.Lock, pg_advisory_lock), each opened per worker as
+// a floor is and waiting with the library's own wait (Waiter). They take
+// their turns with dlock and the floor in every scenario, and the report
+// sets dlock beside the fastest of them (BackendResult.VsPeers).
+//
 // # Scenarios
 //
 //   - uncontended: one worker, TryAcquire + Release on one name, N times:
