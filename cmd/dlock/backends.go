@@ -30,6 +30,9 @@ type backend struct {
 	url func(addrs []string) string
 	// floor opens raw clients for the same backend as the driver URL.
 	floor func(u *url.URL) (bench.FloorOpener, error)
+	// peers are the other libraries' locks on the same backend (-peers);
+	// nil for none.
+	peers func(u *url.URL) ([]bench.Peer, error)
 }
 
 // backends is the table, in the order the bench runs and reports them.
@@ -47,6 +50,7 @@ var backends = []backend{
 			return (&url.URL{Scheme: "redis", Host: addrs[0], Path: "/0"}).String()
 		},
 		floor: bench.RedisFloors,
+		peers: bench.RedisPeers,
 	},
 	{
 		name:    "redlock",
@@ -55,6 +59,7 @@ var backends = []backend{
 			return (&url.URL{Scheme: "redlock", Host: strings.Join(addrs, ","), Path: "/0"}).String()
 		},
 		floor: bench.RedlockFloors,
+		peers: bench.RedlockPeers,
 	},
 	{
 		name:    "etcd",
@@ -63,6 +68,7 @@ var backends = []backend{
 			return (&url.URL{Scheme: "etcd", Host: addrs[0]}).String()
 		},
 		floor: bench.EtcdFloors,
+		peers: bench.EtcdPeers,
 	},
 	{
 		name:    "zookeeper",
@@ -71,6 +77,7 @@ var backends = []backend{
 			return (&url.URL{Scheme: "zk", Host: addrs[0], Path: "/dlock-bench"}).String()
 		},
 		floor: bench.ZooKeeperFloors,
+		peers: bench.ZooKeeperPeers,
 	},
 	{
 		name:    "postgres",
@@ -85,6 +92,7 @@ var backends = []backend{
 			}).String()
 		},
 		floor: bench.PostgresFloors,
+		peers: bench.PostgresPeers,
 	},
 }
 

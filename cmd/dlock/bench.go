@@ -31,6 +31,7 @@ type benchOptions struct {
 	out      string
 	html     string
 	quiet    bool
+	peers    bool
 }
 
 func benchFlagSet(output io.Writer) (*flag.FlagSet, *benchOptions) {
@@ -48,6 +49,7 @@ func benchFlagSet(output io.Writer) (*flag.FlagSet, *benchOptions) {
 	fs.IntVar(&o.cfg.Rounds, "rounds", bench.DefaultRounds, "turns dlock and the floor take in each scenario, so that both meet the same load")
 	fs.StringVar(&o.out, "o", "", "also write the report to `file`: .md for Markdown, .json for JSON, .txt for text")
 	fs.StringVar(&o.html, "html", "", "also write the report as one self-contained HTML page (charts included) to `file`")
+	fs.BoolVar(&o.peers, "peers", false, "also measure the libraries users would otherwise pick (redsync, redislock, etcd's concurrency.Mutex, zk.Lock, pg_advisory_lock) beside dlock and the floor")
 	fs.BoolVar(&o.quiet, "q", false, "no progress on stderr (on a terminal it is one line rewritten in place, elsewhere a line per measurement)")
 	fs.Usage = func() {
 		w := fs.Output()
@@ -68,6 +70,16 @@ Scenarios:
   contended    -workers workers, each its own client, acquire → release on
                ONE name for -duration: ops/s, fairness = min/max per worker
   independent  the same on one name per worker: ops/s
+
+-peers adds, per backend, the locks of the libraries users would otherwise
+pick, measured in the same turns and scenarios, and a table per backend
+with dlock, the floor and each peer side by side:
+  redis      go-redsync/redsync (one pool), bsm/redislock
+  redlock    go-redsync/redsync (one pool per node)
+  etcd       go.etcd.io/etcd/client/v3/concurrency.Mutex (a Session each)
+  zookeeper  go-zookeeper/zk's zk.Lock
+  postgres   pg_advisory_lock / pg_try_advisory_lock through pgx
+Peers that poll (redsync, redislock) retry every 10ms.
 
 dlock bench queue measures the task queue instead (dlock bench queue -h).
 
@@ -159,7 +171,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 	}()
 
-	targets, err := prepareTargets(ctx, selected, o.urls, o.cfg.Progress)
+	targets, err := prepareTargets(ctx, selected, o.urls, o.peers, o.cfg.Progress)
 	if err != nil {
 		fmt.Fprintf(stderr, "dlock bench: %v\n", err)
 		return 1
@@ -231,7 +243,7 @@ func selectBackends(list string, urls urlFlag) ([]backend, error) {
 
 // prepareTargets starts the servers each backend needs (unless its URL is
 // given) and makes its bench target.
-func prepareTargets(ctx context.Context, selected []backend, urls urlFlag, progress io.Writer) ([]bench.Target, error) {
+func prepareTargets(ctx context.Context, selected []backend, urls urlFlag, peers bool, progress io.Writer) ([]bench.Target, error) {
 	say := func(format string, args ...any) {
 		if progress != nil {
 			fmt.Fprintf(progress, format+"\n", args...)
@@ -258,7 +270,7 @@ func prepareTargets(ctx context.Context, selected []backend, urls urlFlag, progr
 			}
 			raw = b.url(addrs)
 		}
-		t, err := newTarget(b, raw)
+		t, err := newTarget(b, raw, peers)
 		if err != nil {
 			return nil, err
 		}
@@ -267,7 +279,9 @@ func prepareTargets(ctx context.Context, selected []backend, urls urlFlag, progr
 	return targets, nil
 }
 
-func newTarget(b backend, raw string) (bench.Target, error) {
+// newTarget makes the bench target of backend b at raw, with its peers when
+// peers is set.
+func newTarget(b backend, raw string, peers bool) (bench.Target, error) {
 	u, err := parseURL(raw)
 	if err != nil {
 		return bench.Target{}, fmt.Errorf("%s: %w", b.name, err)
@@ -276,12 +290,18 @@ func newTarget(b backend, raw string) (bench.Target, error) {
 	if err != nil {
 		return bench.Target{}, fmt.Errorf("%s: %w (URL %s)", b.name, err, driver.RedactURL(u))
 	}
-	return bench.Target{
+	t := bench.Target{
 		Backend: b.name,
 		URL:     driver.RedactURL(u),
 		Open:    func(ctx context.Context) (*dlock.Locker, error) { return dlock.Open(ctx, raw) },
 		Floor:   floor,
-	}, nil
+	}
+	if peers && b.peers != nil {
+		if t.Peers, err = b.peers(u); err != nil {
+			return bench.Target{}, fmt.Errorf("%s: %w (URL %s)", b.name, err, driver.RedactURL(u))
+		}
+	}
+	return t, nil
 }
 
 func writeReport(path, format string, rep *bench.Report) error {

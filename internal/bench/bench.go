@@ -9,6 +9,13 @@
 // a change in the machine's load weighs on both alike: the interesting
 // figures are the ratios.
 //
+// A target may also have peers (Target.Peers, `dlock bench -peers`): the
+// locks of other libraries on the same backend (redsync, redislock, etcd's
+// concurrency.Mutex, zk.Lock, pg_advisory_lock), each opened per worker as
+// a floor is and waiting with the library's own wait (Waiter). They take
+// their turns with dlock and the floor in every scenario, and the report
+// sets dlock beside the fastest of them (BackendResult.VsPeers).
+//
 // # Scenarios
 //
 //   - uncontended: one worker, TryAcquire + Release on one name, N times:
@@ -113,6 +120,9 @@ type Target struct {
 	Open func(ctx context.Context) (*dlock.Locker, error)
 	// Floor opens a new, independent raw client at each call.
 	Floor FloorOpener
+	// Peers are other libraries' locks on the backend, measured beside
+	// dlock and the floor; none by default.
+	Peers []Peer
 }
 
 // Report is the outcome of a run.
@@ -135,7 +145,7 @@ type Report struct {
 func (r *Report) Err() error {
 	var errs []error
 	for _, b := range r.Backends {
-		for _, res := range []Result{b.Dlock, b.Floor} {
+		for _, res := range b.results() {
 			for _, e := range res.Errors {
 				errs = append(errs, fmt.Errorf("%s %s: %s", b.Backend, res.Client, e))
 			}
@@ -144,7 +154,8 @@ func (r *Report) Err() error {
 	return errors.Join(errs...)
 }
 
-// BackendResult is one backend's two rows: the driver and its floor.
+// BackendResult is one backend's rows: the driver, its floor, and the peers
+// when there are.
 type BackendResult struct {
 	Backend      string       `json:"backend"`
 	URL          string       `json:"url"`
@@ -152,6 +163,16 @@ type BackendResult struct {
 	Dlock        Result       `json:"dlock"`
 	Floor        Result       `json:"floor"`
 	Ratios       Ratios       `json:"ratios"`
+	// Peers are the other libraries measured beside dlock (Target.Peers),
+	// and VsPeers dlock against the fastest of them; both absent without
+	// peers.
+	Peers   []Result    `json:"peers,omitempty"`
+	VsPeers *PeerRatios `json:"vs_peers,omitempty"`
+}
+
+// results are the backend's rows: dlock, the floor, the peers.
+func (b *BackendResult) results() []Result {
+	return append([]Result{b.Dlock, b.Floor}, b.Peers...)
 }
 
 // Capabilities are those the driver declares (dlock.Capabilities).
@@ -163,10 +184,15 @@ type Capabilities struct {
 	MinTTL          time.Duration `json:"min_ttl_ns"`
 }
 
-// Result is the measurements of one client (dlock or floor) on one backend.
-// A scenario that failed is nil and its error is in Errors.
+// Result is the measurements of one client (dlock, floor or a peer) on one
+// backend. A scenario that failed is nil and its error is in Errors.
 type Result struct {
-	Client      string      `json:"client"`
+	Client string `json:"client"`
+	// Module, Version and About describe a peer: the Go module of its
+	// library, the module's version in this binary, and its setup.
+	Module      string      `json:"module,omitempty"`
+	Version     string      `json:"version,omitempty"`
+	About       string      `json:"about,omitempty"`
 	Uncontended *Latency    `json:"uncontended,omitempty"`
 	Handoff     *Latency    `json:"handoff,omitempty"`
 	Contended   *Throughput `json:"contended,omitempty"`
@@ -234,6 +260,73 @@ func (b *BackendResult) computeRatios() {
 	}
 }
 
+// PeerRatios compare dlock with the fastest peer in each scenario: the
+// peer with the lowest p50 for a latency, the highest ops/s for a
+// throughput. A scenario no peer (or dlock) measured is absent.
+type PeerRatios struct {
+	// Uncontended is dlock's uncontended p50 over the lowest peer's.
+	Uncontended *PeerRatio `json:"uncontended_p50,omitempty"`
+	// Handoff is dlock's handoff p50 over the lowest peer's.
+	Handoff *PeerRatio `json:"handoff_p50,omitempty"`
+	// Contended is dlock's contended ops/s over the highest peer's.
+	Contended *PeerRatio `json:"contended_ops,omitempty"`
+	// Independent is dlock's independent ops/s over the highest peer's.
+	Independent *PeerRatio `json:"independent_ops,omitempty"`
+}
+
+// PeerRatio is dlock over the fastest peer in one scenario.
+type PeerRatio struct {
+	Peer  string  `json:"peer"`
+	Ratio float64 `json:"ratio"`
+}
+
+// computePeerRatios sets VsPeers when there are peers.
+func (b *BackendResult) computePeerRatios() {
+	if len(b.Peers) == 0 {
+		b.VsPeers = nil
+		return
+	}
+	// best is dlock's figure over the best peer's; lower tells whether a
+	// lower figure is better.
+	best := func(dlock float64, of func(Result) float64, lower bool) *PeerRatio {
+		var r *PeerRatio
+		var top float64
+		for _, p := range b.Peers {
+			v := of(p)
+			if v <= 0 {
+				continue
+			}
+			if r == nil || (lower && v < top) || (!lower && v > top) {
+				r, top = &PeerRatio{Peer: p.Client}, v
+			}
+		}
+		if r == nil || dlock <= 0 {
+			return nil
+		}
+		r.Ratio = dlock / top
+		return r
+	}
+	p50 := func(l *Latency) float64 {
+		if l == nil {
+			return 0
+		}
+		return float64(l.P50)
+	}
+	ops := func(t *Throughput) float64 {
+		if t == nil {
+			return 0
+		}
+		return t.OpsPerSec
+	}
+	d := b.Dlock
+	b.VsPeers = &PeerRatios{
+		Uncontended: best(p50(d.Uncontended), func(r Result) float64 { return p50(r.Uncontended) }, true),
+		Handoff:     best(p50(d.Handoff), func(r Result) float64 { return p50(r.Handoff) }, true),
+		Contended:   best(ops(d.Contended), func(r Result) float64 { return ops(r.Contended) }, false),
+		Independent: best(ops(d.Independent), func(r Result) float64 { return ops(r.Independent) }, false),
+	}
+}
+
 // Run measures every target in turn. Scenario failures are recorded in the
 // report (see Report.Err) and the run goes on; Run returns an error only when
 // the configuration is invalid or ctx ends, and then the report holds what
@@ -248,11 +341,21 @@ func Run(ctx context.Context, cfg Config, targets []Target) (*Report, error) {
 		GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(), Config: cfg,
 		CPU: cpuModel(), OS: osName(), Version: dlockVersion(),
 	}
-	total := len(targets) * 8 // scenarios × clients: the progress lines' denominator
+	total := 0 // scenarios × clients: the progress lines' denominator
+	for _, t := range targets {
+		total += 4 * (2 + len(t.Peers))
+	}
 	step := 0
 	for _, t := range targets {
 		if t.Open == nil || t.Floor == nil {
 			return rep, fmt.Errorf("bench: target %q lacks Open or Floor", t.Backend)
+		}
+		seen := map[string]bool{"dlock": true, "floor": true}
+		for _, p := range t.Peers {
+			if p.Name == "" || seen[p.Name] || p.Open == nil {
+				return rep, fmt.Errorf("bench: target %q: peer %q has no name, a name taken already, or no Open", t.Backend, p.Name)
+			}
+			seen[p.Name] = true
 		}
 		r := &runner{cfg: cfg, t: t, run: runID(), step: &step, steps: total}
 		b := r.measure(ctx)

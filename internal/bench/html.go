@@ -54,11 +54,12 @@ func ms(q []time.Duration) []float64 {
 
 // WriteHTML writes the report as one self-contained HTML page: latency
 // distributions (CDF) per scenario, throughput bars of dlock against each
-// backend's floor, the table, the settings and the machine.
+// backend's floor (and peers), the table, the side-by-side tables with the
+// peers when there are, the settings and the machine.
 func (r *Report) WriteHTML(w io.Writer) error {
 	var d htmlData
 	for _, b := range r.Backends {
-		for _, res := range []Result{b.Dlock, b.Floor} {
+		for _, res := range b.results() {
 			s := htmlSeries{Backend: b.Backend, Client: res.Client}
 			if res.Uncontended != nil {
 				s.Uncontended = ms(res.Uncontended.Quantiles)
@@ -80,12 +81,14 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		return err
 	}
 	return htmlTmpl.Execute(w, struct {
-		R        *Report
-		Settings string
-		Notes    []string
-		Rows     [][]string
-		Header   []string
-		Data     template.JS
-		ChartJS  template.JS
-	}{r, r.settings(), r.notes(), r.rows(), header, template.JS(data), template.JS(chartJS)})
+		R          *Report
+		Settings   string
+		Notes      []string
+		Rows       [][]string
+		Header     []string
+		Data       template.JS
+		ChartJS    template.JS
+		PeersTitle string
+		Peers      []peerTable
+	}{r, r.settings(), r.notes(), r.rows(), header, template.JS(data), template.JS(chartJS), peersTitle, r.peerTables()})
 }

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -25,12 +24,29 @@ import (
 // primitive the driver builds on, with no expiry (the TTL is not applied), no
 // fencing and no token (a session's lock is its own).
 func PostgresFloors(u *url.URL) (FloorOpener, error) {
+	cfg, err := postgresConfig(u, "floor")
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (Floor, error) {
+		c, err := pgx.ConnectConfig(ctx, cfg.Copy())
+		if err != nil {
+			return nil, fmt.Errorf("bench: postgres floor: %w", err)
+		}
+		return &postgresFloor{c: c}, nil
+	}, nil
+}
+
+// postgresConfig is the pgx connection configuration for a postgres:// or
+// postgresql:// URL, as PostgresFloors describes; what names the floor or
+// peer in errors.
+func postgresConfig(u *url.URL, what string) (*pgx.ConnConfig, error) {
 	if u == nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return nil, errors.New("bench: the postgres floor needs a postgres:// or postgresql:// URL")
+		return nil, fmt.Errorf("bench: the postgres %s needs a postgres:// or postgresql:// URL", what)
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, errors.New("bench: the postgres floor cannot use the URL: malformed query")
+		return nil, fmt.Errorf("bench: the postgres %s cannot use the URL: malformed query", what)
 	}
 	if _, err := dlock.OptionsFromQuery(q); err != nil { // deletes dlock's parameters
 		return nil, err
@@ -45,15 +61,9 @@ func PostgresFloors(u *url.URL) (FloorOpener, error) {
 	cfg, err := pgx.ParseConfig(cp.String())
 	if err != nil {
 		// pgx's errors leave the password out; the URL is not repeated.
-		return nil, errors.New("bench: the postgres floor cannot use the URL (malformed host, port or libpq parameter)")
+		return nil, fmt.Errorf("bench: the postgres %s cannot use the URL (malformed host, port or libpq parameter)", what)
 	}
-	return func(ctx context.Context) (Floor, error) {
-		c, err := pgx.ConnectConfig(ctx, cfg.Copy())
-		if err != nil {
-			return nil, fmt.Errorf("bench: postgres floor: %w", err)
-		}
-		return &postgresFloor{c: c}, nil
-	}, nil
+	return cfg, nil
 }
 
 type postgresFloor struct{ c *pgx.Conn }

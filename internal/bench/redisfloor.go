@@ -31,12 +31,28 @@ var redisUnlock = goredis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] th
 // TryLock is `SET key token NX PX ttl`; Unlock runs the compare-and-delete
 // script with EVALSHA (EVAL on the first use), as Redis clients do.
 func RedisFloors(u *url.URL) (FloorOpener, error) {
+	opts, err := redisOptions(u, "floor")
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (Floor, error) {
+		c, err := dialRedis(ctx, opts, "floor")
+		if err != nil {
+			return nil, err
+		}
+		return &redisFloor{c: c}, nil
+	}, nil
+}
+
+// redisOptions are the go-redis client options for a redis:// or rediss://
+// URL, as RedisFloors describes; what names the floor or peer in errors.
+func redisOptions(u *url.URL, what string) (*goredis.Options, error) {
 	if u == nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
-		return nil, errors.New("bench: the redis floor needs a redis:// or rediss:// URL")
+		return nil, fmt.Errorf("bench: the redis %s needs a redis:// or rediss:// URL", what)
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, errors.New("bench: the redis floor cannot use the URL: malformed query")
+		return nil, fmt.Errorf("bench: the redis %s cannot use the URL: malformed query", what)
 	}
 	if _, err := dlock.OptionsFromQuery(q); err != nil { // deletes dlock's parameters
 		return nil, err
@@ -51,16 +67,20 @@ func RedisFloors(u *url.URL) (FloorOpener, error) {
 	opts, err := goredis.ParseURL(cp.String())
 	if err != nil {
 		// go-redis errors may quote the URL: keep the password out.
-		return nil, errors.New("bench: the redis floor cannot use the URL (malformed host, port, database or go-redis parameter)")
+		return nil, fmt.Errorf("bench: the redis %s cannot use the URL (malformed host, port, database or go-redis parameter)", what)
 	}
 	opts.ContextTimeoutEnabled = true
-	return func(ctx context.Context) (Floor, error) {
-		c := goredis.NewClient(opts)
-		if err := c.Ping(ctx).Err(); err != nil {
-			return nil, errors.Join(fmt.Errorf("bench: redis floor: %w", err), c.Close())
-		}
-		return &redisFloor{c: c}, nil
-	}, nil
+	return opts, nil
+}
+
+// dialRedis makes a client and pings the server; what names the floor or
+// peer in errors.
+func dialRedis(ctx context.Context, opts *goredis.Options, what string) (*goredis.Client, error) {
+	c := goredis.NewClient(opts)
+	if err := c.Ping(ctx).Err(); err != nil {
+		return nil, errors.Join(fmt.Errorf("bench: redis %s: %w", what, err), c.Close())
+	}
+	return c, nil
 }
 
 type redisFloor struct{ c *goredis.Client }

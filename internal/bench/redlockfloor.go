@@ -31,12 +31,33 @@ import (
 // every node at once and waits for every answer. No fencing, no per-node
 // timeout, no notification.
 func RedlockFloors(u *url.URL) (FloorOpener, error) {
+	nodes, err := redlockOptions(u, "floor")
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (Floor, error) {
+		f := &redlockFloor{}
+		for _, o := range nodes {
+			c := goredis.NewClient(o)
+			f.clients = append(f.clients, c)
+			if err := c.Ping(ctx).Err(); err != nil {
+				return nil, errors.Join(fmt.Errorf("bench: redlock floor: %w", err), f.Close())
+			}
+		}
+		return f, nil
+	}, nil
+}
+
+// redlockOptions are the go-redis client options of each node of a
+// redlock:// or redlocks:// URL, as RedlockFloors describes; what names the
+// floor or peer in errors.
+func redlockOptions(u *url.URL, what string) ([]*goredis.Options, error) {
 	if u == nil || (u.Scheme != "redlock" && u.Scheme != "redlocks") {
-		return nil, errors.New("bench: the redlock floor needs a redlock:// or redlocks:// URL")
+		return nil, fmt.Errorf("bench: the redlock %s needs a redlock:// or redlocks:// URL", what)
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, errors.New("bench: the redlock floor cannot use the URL: malformed query")
+		return nil, fmt.Errorf("bench: the redlock %s cannot use the URL: malformed query", what)
 	}
 	if _, err := dlock.OptionsFromQuery(q); err != nil { // deletes dlock's parameters
 		return nil, err
@@ -61,25 +82,15 @@ func RedlockFloors(u *url.URL) (FloorOpener, error) {
 		opts, err := goredis.ParseURL(cp.String())
 		if err != nil {
 			// go-redis errors may quote the URL: keep the password out.
-			return nil, errors.New("bench: the redlock floor cannot use the URL (malformed host, port, database or go-redis parameter)")
+			return nil, fmt.Errorf("bench: the redlock %s cannot use the URL (malformed host, port, database or go-redis parameter)", what)
 		}
 		opts.ContextTimeoutEnabled = true
 		nodes = append(nodes, opts)
 	}
 	if n := len(nodes); n < 3 || n%2 == 0 {
-		return nil, fmt.Errorf("bench: the redlock floor needs an odd number of nodes, at least 3 (got %d)", n)
+		return nil, fmt.Errorf("bench: the redlock %s needs an odd number of nodes, at least 3 (got %d)", what, n)
 	}
-	return func(ctx context.Context) (Floor, error) {
-		f := &redlockFloor{}
-		for _, o := range nodes {
-			c := goredis.NewClient(o)
-			f.clients = append(f.clients, c)
-			if err := c.Ping(ctx).Err(); err != nil {
-				return nil, errors.Join(fmt.Errorf("bench: redlock floor: %w", err), f.Close())
-			}
-		}
-		return f, nil
-	}, nil
+	return nodes, nil
 }
 
 type redlockFloor struct{ clients []*goredis.Client }

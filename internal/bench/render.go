@@ -79,10 +79,39 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintln(ew, strings.TrimRight(line, " \n"))
 	}
 	fmt.Fprintln(ew)
+	if tables := r.peerTables(); len(tables) > 0 {
+		fmt.Fprintln(ew, peersTitle)
+		fmt.Fprintln(ew)
+		for _, t := range tables {
+			if err := writeAligned(ew, t.Rows); err != nil {
+				return err
+			}
+			fmt.Fprintln(ew)
+		}
+	}
 	for _, n := range r.notes() {
 		fmt.Fprintln(ew, n)
 	}
 	return ew.err
+}
+
+// writeAligned writes rows as a table aligned in columns, trailing spaces
+// trimmed.
+func writeAligned(w io.Writer, rows [][]string) error {
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
+	for _, row := range rows {
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for line := range strings.Lines(table.String()) {
+		if _, err := fmt.Fprintln(w, strings.TrimRight(line, " \n")); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // WriteMarkdown writes the same as WriteText as a Markdown section.
@@ -93,21 +122,34 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(ew, "- %s: `%s`\n", b.Backend, b.URL)
 	}
 	fmt.Fprintln(ew)
-	for i, row := range r.rows() {
-		cells := make([]string, len(row))
-		for j, c := range row {
-			cells[j] = strings.ReplaceAll(c, "|", `\|`)
-		}
-		fmt.Fprintf(ew, "| %s |\n", strings.Join(cells, " | "))
-		if i == 0 {
-			fmt.Fprintf(ew, "|%s\n", strings.Repeat("---|", len(row)))
+	writeMarkdownTable(ew, r.rows())
+	fmt.Fprintln(ew)
+	if tables := r.peerTables(); len(tables) > 0 {
+		fmt.Fprintf(ew, "### %s\n\n", peersTitle)
+		for _, t := range tables {
+			fmt.Fprintf(ew, "#### %s\n\n", t.Backend)
+			writeMarkdownTable(ew, t.Rows)
+			fmt.Fprintln(ew)
 		}
 	}
-	fmt.Fprintln(ew)
 	for _, n := range r.notes() {
 		fmt.Fprintf(ew, "%s\n\n", n)
 	}
 	return ew.err
+}
+
+// writeMarkdownTable writes rows, header first, as a Markdown table.
+func writeMarkdownTable(w io.Writer, rows [][]string) {
+	for i, row := range rows {
+		cells := make([]string, len(row))
+		for j, c := range row {
+			cells[j] = strings.ReplaceAll(c, "|", `\|`)
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+		if i == 0 {
+			fmt.Fprintf(w, "|%s\n", strings.Repeat("---|", len(row)))
+		}
+	}
 }
 
 func (r *Report) settings() string {
@@ -125,14 +167,120 @@ func (r *Report) notes() []string {
 			"turns with dlock (rounds). " +
 			"×floor: dlock over floor. handoff/unc: the row's handoff p50 over its own unc p50.",
 	}
+	if r.hasPeers() {
+		n := "peers: other libraries' locks on the same servers, each worker its own client, measured in turns\n" +
+			"with dlock and the floor, waiting (handoff, cont) with the library's own wait. dlock/best peer: dlock's\n" +
+			"figure over the best peer's (the lowest p50, the highest ops/s), that peer named: below 1 dlock is\n" +
+			"faster for a p50, above 1 for ops/s."
+		for _, b := range r.Backends {
+			for _, p := range b.Peers {
+				n += fmt.Sprintf("\n%s %s", b.Backend, p.Client)
+				if p.Module != "" {
+					n += " (" + strings.TrimSpace(p.Module+" "+p.Version) + ")"
+				}
+				if p.About != "" {
+					n += ": " + p.About
+				}
+			}
+		}
+		notes = append(notes, n)
+	}
 	for _, b := range r.Backends {
-		for _, res := range []Result{b.Dlock, b.Floor} {
+		for _, res := range b.results() {
 			for _, e := range res.Errors {
 				notes = append(notes, fmt.Sprintf("ERROR %s %s %s", b.Backend, res.Client, e))
 			}
 		}
 	}
 	return notes
+}
+
+func (r *Report) hasPeers() bool {
+	for _, b := range r.Backends {
+		if len(b.Peers) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// peersTitle heads the side-by-side tables.
+const peersTitle = "dlock beside other libraries"
+
+// peerTable is one backend's side-by-side table, header first: a row per
+// figure, a column per client, and dlock over the best peer.
+type peerTable struct {
+	Backend string
+	Rows    [][]string
+}
+
+// peerTables are the side-by-side tables of the backends with peers.
+func (r *Report) peerTables() []peerTable {
+	var tables []peerTable
+	for _, b := range r.Backends {
+		if len(b.Peers) == 0 {
+			continue
+		}
+		res := b.results()
+		head := []string{b.Backend}
+		for _, c := range res {
+			head = append(head, c.Client)
+		}
+		head = append(head, "dlock/best peer")
+		rows := [][]string{head}
+		vs := b.VsPeers
+		if vs == nil {
+			vs = &PeerRatios{}
+		}
+		add := func(figure string, cell func(Result) string, best *PeerRatio) {
+			row := []string{figure}
+			for _, c := range res {
+				row = append(row, cell(c))
+			}
+			ratio := ""
+			if best != nil {
+				ratio = formatRatio(best.Ratio) + " (" + best.Peer + ")"
+			}
+			rows = append(rows, append(row, ratio))
+		}
+		lat := func(l func(Result) *Latency, p float64) func(Result) string {
+			return func(r Result) string {
+				v := l(r)
+				switch {
+				case v == nil:
+					return "ERR"
+				case p == 50:
+					return FormatDuration(v.P50)
+				}
+				return FormatDuration(v.P99)
+			}
+		}
+		unc := func(r Result) *Latency { return r.Uncontended }
+		hand := func(r Result) *Latency { return r.Handoff }
+		thr := func(t func(Result) *Throughput, fairness bool) func(Result) string {
+			return func(r Result) string {
+				v := t(r)
+				switch {
+				case v == nil:
+					return "ERR"
+				case fairness:
+					return fmt.Sprintf("%.2f", v.Fairness)
+				}
+				return formatOps(v.OpsPerSec)
+			}
+		}
+		cont := func(r Result) *Throughput { return r.Contended }
+		indep := func(r Result) *Throughput { return r.Independent }
+		add("unc p50", lat(unc, 50), vs.Uncontended)
+		add("unc p99", lat(unc, 99), nil)
+		add("handoff p50", lat(hand, 50), vs.Handoff)
+		add("handoff p99", lat(hand, 99), nil)
+		add("cont ops/s", thr(cont, false), vs.Contended)
+		add("cont fairness", thr(cont, true), nil)
+		add("indep ops/s", thr(indep, false), vs.Independent)
+		tables = append(tables, peerTable{Backend: b.Backend, Rows: rows})
+	}
+	return tables
 }
 
 var header = []string{
@@ -145,11 +293,12 @@ var header = []string{
 	"caps",
 }
 
-// rows is the table, header first: two rows per backend.
+// rows is the table, header first: two rows per backend (dlock and the
+// floor), and one per peer.
 func (r *Report) rows() [][]string {
 	rows := [][]string{header}
 	for _, b := range r.Backends {
-		for _, res := range []Result{b.Dlock, b.Floor} {
+		for _, res := range b.results() {
 			row := []string{b.Backend, res.Client}
 			if l := res.Uncontended; l != nil {
 				row = append(row, FormatDuration(l.P50), FormatDuration(l.P99), formatOps(l.OpsPerSec))
@@ -171,11 +320,18 @@ func (r *Report) rows() [][]string {
 			} else {
 				row = append(row, "ERR")
 			}
-			if res.Client == "dlock" {
+			switch res.Client {
+			case "dlock":
 				row = append(row, formatRatio(b.Ratios.UncontendedP50), formatRatio(b.Ratios.HandoffDlock),
 					formatRatio(b.Ratios.ContendedOps), b.Capabilities.String())
-			} else {
+			case "floor":
 				row = append(row, "", formatRatio(b.Ratios.HandoffFloor), "", "")
+			default: // a peer
+				var own float64
+				if res.Handoff != nil && res.Uncontended != nil {
+					own = ratio(float64(res.Handoff.P50), float64(res.Uncontended.P50))
+				}
+				row = append(row, "", formatRatio(own), "", "")
 			}
 			rows = append(rows, row)
 		}

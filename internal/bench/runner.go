@@ -24,9 +24,9 @@ type runner struct {
 	steps int
 }
 
-// client is one of the two ways to take locks on the target.
+// client is one of the ways to take locks on the target.
 type client struct {
-	name string // "dlock" or "floor"
+	name string // "dlock", "floor" or a peer's name
 	open func(ctx context.Context) (session, error)
 }
 
@@ -62,6 +62,19 @@ func (r *runner) measure(ctx context.Context) BackendResult {
 	b.Dlock.Client, b.Floor.Client = "dlock", "floor"
 	clients := []client{{"dlock", r.openDlock}, {"floor", r.openFloor}}
 	results := []*Result{&b.Dlock, &b.Floor}
+	if len(r.t.Peers) > 0 {
+		b.Peers = make([]Result, len(r.t.Peers))
+	}
+	for i, p := range r.t.Peers {
+		b.Peers[i] = Result{Client: p.Name, Module: p.Module, Version: moduleVersion(p.Module), About: p.About}
+		clients = append(clients, client{p.Name, r.openPeer(p.Open)})
+		results = append(results, &b.Peers[i])
+	}
+	// The progress lines' client column fits the longest name.
+	width := 5
+	for _, c := range clients {
+		width = max(width, len(c.name))
+	}
 	scenarios := []scenario{
 		{"uncontended", r.uncontended},
 		{"handoff", r.handoff},
@@ -81,7 +94,7 @@ func (r *runner) measure(ctx context.Context) BackendResult {
 		}
 		if err != nil {
 			results[i].Errors = append(results[i].Errors, "connect: "+err.Error())
-			r.progress("%-8s %-5s %-11s FAILED: %v", r.t.Backend, c.name, "connect", err)
+			r.progress("%-8s %-*s %-11s FAILED: %v", r.t.Backend, width, c.name, "connect", err)
 			continue
 		}
 		ok[i] = true
@@ -107,10 +120,10 @@ func (r *runner) measure(ctx context.Context) BackendResult {
 			*r.step++
 			if l.err != nil {
 				l.res.Errors = append(l.res.Errors, sc.name+": "+l.err.Error())
-				r.progress("[%d/%d] %-8s %-5s %-11s FAILED: %v", *r.step, r.steps, r.t.Backend, l.c.name, sc.name, l.err)
+				r.progress("[%d/%d] %-8s %-*s %-11s FAILED: %v", *r.step, r.steps, r.t.Backend, width, l.c.name, sc.name, l.err)
 				continue
 			}
-			r.progress("[%d/%d] %-8s %-5s %-11s %s", *r.step, r.steps, r.t.Backend, l.c.name, sc.name, l.summary)
+			r.progress("[%d/%d] %-8s %-*s %-11s %s", *r.step, r.steps, r.t.Backend, width, l.c.name, sc.name, l.summary)
 		}
 	}
 	if r.caps != nil {
@@ -120,6 +133,7 @@ func (r *runner) measure(ctx context.Context) BackendResult {
 		}
 	}
 	b.computeRatios()
+	b.computePeerRatios()
 	return b
 }
 
@@ -159,6 +173,17 @@ func (r *runner) openFloor(ctx context.Context) (session, error) {
 		return nil, err
 	}
 	return &floorSession{f: f, ttl: r.cfg.TTL, prefix: runID() + ":"}, nil
+}
+
+// openPeer opens a peer's client as a floor's: the same tokens and TTL.
+func (r *runner) openPeer(open FloorOpener) func(ctx context.Context) (session, error) {
+	return func(ctx context.Context) (session, error) {
+		f, err := open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &floorSession{f: f, ttl: r.cfg.TTL, prefix: runID() + ":"}, nil
+	}
 }
 
 // open gives every lane n sessions, each warmed up on a name of its own.

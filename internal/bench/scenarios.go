@@ -239,7 +239,7 @@ func loop(ctx, runCtx context.Context, s session, name string, inside *atomic.In
 	for runCtx.Err() == nil {
 		h, err := s.acquire(runCtx, name)
 		if err != nil {
-			if runCtx.Err() != nil && ctx.Err() == nil {
+			if timeUp(runCtx) && ctx.Err() == nil {
 				break // time is up
 			}
 			return n, fmt.Errorf("acquire: %w", err)
@@ -257,6 +257,18 @@ func loop(ctx, runCtx context.Context, s session, name string, inside *atomic.In
 		n++
 	}
 	return n, nil
+}
+
+// timeUp reports whether runCtx has ended or its deadline has passed. The
+// deadline counts even before ctx says so: a server that was sent the
+// deadline (etcd's gRPC) may answer "timed out" before this process's
+// timer has ended runCtx, on a loaded machine.
+func timeUp(runCtx context.Context) bool {
+	if runCtx.Err() != nil {
+		return true
+	}
+	d, ok := runCtx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // complete reports whether l measured all it had to: it did not fail and

@@ -10,7 +10,7 @@ import (
 	"github.com/dlock/dlock"
 )
 
-// session is one independent client: a dlock.Locker or a Floor. It is used
+// session is one independent client: a dlock.Locker, a Floor or a peer. It is used
 // by one goroutine at a time.
 type session interface {
 	tryAcquire(ctx context.Context, name string) (held, bool, error)
@@ -24,7 +24,7 @@ type session interface {
 // held is a lock a session holds.
 type held struct {
 	lease       *dlock.Lease // dlock
-	name, token string       // floor
+	name, token string       // floor, peer
 }
 
 // dlockSession is a dlock.Locker, taking every lock with the same options.
@@ -54,7 +54,8 @@ func (s *dlockSession) release(ctx context.Context, h held) error { return h.lea
 func (s *dlockSession) close(ctx context.Context) error { return s.l.Close(ctx) }
 
 // floorSession drives a Floor the way a hand-written client would: a token
-// per acquisition, and a tight loop of attempts to wait.
+// per acquisition, and a tight loop of attempts to wait. It drives a peer
+// the same way, but for its own wait.
 type floorSession struct {
 	f      Floor
 	ttl    time.Duration
@@ -76,9 +77,19 @@ func (s *floorSession) tryAcquire(ctx context.Context, name string) (held, bool,
 	return held{name: name, token: tok}, true, nil
 }
 
-// acquire spins: the raw client's only way to wait.
+// acquire waits with the Floor's own wait when it has one (a Waiter: a
+// peer), else spins: the raw client's only way to wait.
 func (s *floorSession) acquire(ctx context.Context, name string) (held, error) {
 	tok := s.token()
+	if w, ok := s.f.(Waiter); ok {
+		if err := w.Lock(ctx, name, tok, s.ttl); err != nil {
+			if ctx.Err() != nil {
+				return held{}, errors.Join(dlock.ErrNotAcquired, ctx.Err(), err)
+			}
+			return held{}, err
+		}
+		return held{name: name, token: tok}, nil
+	}
 	for {
 		ok, err := s.f.TryLock(ctx, name, tok, s.ttl)
 		if ctx.Err() != nil {
