@@ -663,7 +663,9 @@ func (r *chaosRun) recovery(healed time.Time) time.Duration {
 }
 
 // residue waits for the backend to store nothing for the name, up to a lost
-// release's lock expiring and a little more; it returns what is left.
+// release's lock expiring and a little more; it returns what is left. A
+// failed Residue is tried again within that time: the harness's own client
+// may still be reconnecting after a server restart.
 func (r *chaosRun) residue(slack time.Duration) ([]string, time.Duration, error) {
 	start := time.Now()
 	limit := 2*slack + 2*time.Second
@@ -671,7 +673,7 @@ func (r *chaosRun) residue(slack time.Duration) ([]string, time.Duration, error)
 	defer cancel()
 	for {
 		left, err := r.s.h.Residue(ctx, r.name)
-		if err != nil || len(left) == 0 || time.Since(start) > limit {
+		if err == nil && len(left) == 0 || time.Since(start) > limit {
 			return left, time.Since(start), err
 		}
 		time.Sleep(r.s.cfg.TTL / 10)
