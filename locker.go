@@ -382,7 +382,10 @@ func (l *Locker) forget(ls *Lease) {
 
 // Close releases every lease still held through this Locker, ends waits in
 // progress (they return ErrClosed), stops all background work and closes the
-// driver before returning. ctx bounds the releases. Later calls return
+// driver before returning. ctx bounds the releases; a release whose request
+// fails (a timeout, a connection reset) is tried again while ctx lasts and
+// the lease is valid, and an error is returned for the leases that could
+// not be released (their locks go at their TTL). Later calls return
 // ErrClosed; a second Close returns nil.
 func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
@@ -411,7 +414,7 @@ func (l *Locker) Close(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := ls.Release(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
+			if err := releaseOnClose(ctx, ls); err != nil && !errors.Is(err, ErrNotHeld) {
 				errs[i] = fmt.Errorf("dlock: releasing %q on close: %w", ls.name, err)
 			}
 			// A release that failed still ends the lease here; the server drops the
@@ -425,6 +428,30 @@ func (l *Locker) Close(ctx context.Context) error {
 	l.sched.close()
 	l.bg.Wait()
 	return errors.Join(append(errs, l.d.Close())...)
+}
+
+// releaseOnClose releases ls for Close, trying again after a failed
+// request (a timeout, a connection reset) while ctx lasts and the lease is
+// valid: Close is often a process's last chance to give its locks back
+// before they stand in others' way until their TTL. The waits between tries
+// grow from 5ms to 200ms.
+func releaseOnClose(ctx context.Context, ls *Lease) error {
+	backoff := 5 * time.Millisecond
+	for {
+		err := ls.Release(ctx)
+		if err == nil || ls.Err() != nil || ctx.Err() != nil ||
+			!time.Now().Add(backoff).Before(ls.ValidUntil()) {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
 }
 
 // newToken returns 128 random bits, hex-encoded. The bits come from
