@@ -221,6 +221,12 @@
 // Task queue (package queue, postgres.NewQueue or queue.Open with a
 // postgres URL): one table, dlock_tasks by default (QueueOptions.Table, URL
 // queue_table), created on first use, with one index; tasks.sql is its DDL
-// for administrators who create it themselves. Wake-ups are NOTIFYs on the
-// channel dlock_tasks with the queue's name as payload.
+// for administrators who create it themselves. Every operation is one
+// statement (Claim and Pop make expired claims due again in the same one).
+// Wake-ups are NOTIFYs on the channel dlock_tasks with the queue's name as
+// payload, sent in a transaction of their own after a change that made a
+// task due: PostgreSQL serialises the commits of notifying transactions, and
+// one that writes no data commits without waiting for the WAL flush. That
+// NOTIFY is most of what an Enqueue costs beyond a bare INSERT (about 0.7×
+// its throughput with 8 writers, against 0.9× without the NOTIFY).
 package postgres
