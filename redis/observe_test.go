@@ -45,7 +45,11 @@ func TestObserverRefreshFailuresAndLoss(t *testing.T) {
 		kinds = append(kinds, ev.Kind)
 	}})
 	name := "observe-" + randomHex(4)
-	ls, err := l.Acquire(t.Context(), name, &dlock.Options{TTL: time.Second})
+	// The TTL leaves a refresh, which the client retries on new
+	// connections that the resets cut too, time to fail before ValidUntil
+	// on a loaded machine (with 1s, its retries outlasted the lease, which
+	// was then lost without a refresh failure to report).
+	ls, err := l.Acquire(t.Context(), name, &dlock.Options{TTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +57,9 @@ func TestObserverRefreshFailuresAndLoss(t *testing.T) {
 	proxy.SetLatency(30 * time.Millisecond)
 	for end := time.Now().Add(20 * time.Second); !seen(dlock.EventRefreshFailed); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {
-			t.Fatal("no refresh failure within 20s of resets")
+			mu.Lock()
+			defer mu.Unlock()
+			t.Fatalf("no refresh failure within 20s of resets; events %v, lease: %v", kinds, ls.Err())
 		}
 		proxy.Reset()
 	}
