@@ -60,7 +60,7 @@ type Lease struct {
 func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, h: g.Handle, name: req.Name, token: req.Token,
-		fence: g.Fence, hasFence: l.caps.Fencing, opts: o, lost: g.Lost, drift: g.Drift,
+		fence: g.Fence, hasFence: l.caps.Fences(req.Kind), opts: o, lost: g.Lost, drift: g.Drift,
 		ttl: req.TTL, done: make(chan struct{}), backoff: o.RetryMin,
 		ops: make(chan struct{}, 1), since: sent,
 	}

@@ -72,7 +72,7 @@ func (l *Locker) Capabilities() Capabilities { return l.caps }
 // first the error matches both ErrNotAcquired and ctx.Err(), and no waiter
 // state is left behind. ctx bounds the wait only, not the lease.
 func (l *Locker) Acquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
-	return l.acquire(ctx, name, opts, true)
+	return l.acquire(ctx, object{name: name}, opts, true)
 }
 
 // TryAcquire makes exactly one attempt; it returns an error matching
@@ -80,15 +80,26 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts *Options) (*Leas
 // lock was granted but the grant took longer than its TTL allows to arrive.
 // ctx bounds the attempt.
 func (l *Locker) TryAcquire(ctx context.Context, name string, opts *Options) (*Lease, error) {
-	return l.acquire(ctx, name, opts, false)
+	return l.acquire(ctx, object{name: name}, opts, false)
 }
 
-func (l *Locker) acquire(ctx context.Context, name string, opts *Options, wait bool) (*Lease, error) {
+// object is what an acquisition takes: a lock, a semaphore's permit or a
+// side of a read/write lock. Its name has been validated, except a lock's.
+type object struct {
+	name  string
+	kind  driver.Kind
+	limit int
+}
+
+func (l *Locker) acquire(ctx context.Context, obj object, opts *Options, wait bool) (*Lease, error) {
 	if ctx == nil {
 		return nil, invalid("nil context")
 	}
-	if err := ValidateName(name); err != nil {
-		return nil, err
+	name := obj.name
+	if obj.kind == driver.KindLock {
+		if err := ValidateName(name); err != nil {
+			return nil, err
+		}
 	}
 	o, err := opts.resolve(l.defaults, l.caps)
 	if err != nil {
@@ -99,7 +110,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts *Options, wait b
 	if obs != nil {
 		start = time.Now()
 	}
-	ls, err := l.acquireValid(ctx, name, o, wait)
+	ls, err := l.acquireValid(ctx, obj, o, wait)
 	if obs != nil && !errors.Is(err, ErrInvalid) {
 		ev := Event{Kind: EventAcquired, Context: ctx, Name: name, Duration: time.Since(start), Err: err}
 		if err != nil {
@@ -113,7 +124,7 @@ func (l *Locker) acquire(ctx context.Context, name string, opts *Options, wait b
 }
 
 // acquireValid is acquire once the input is valid.
-func (l *Locker) acquireValid(ctx context.Context, name string, o Options, wait bool) (*Lease, error) {
+func (l *Locker) acquireValid(ctx context.Context, obj object, o Options, wait bool) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, errors.Join(ErrNotAcquired, err)
 	}
@@ -144,7 +155,7 @@ func (l *Locker) acquireValid(ctx context.Context, name string, o Options, wait 
 		l.inflight.Done()
 	}()
 
-	req := driver.Request{Name: name, Token: newToken(), TTL: o.TTL, Metadata: o.Metadata}
+	req := driver.Request{Name: obj.name, Token: newToken(), TTL: o.TTL, Metadata: o.Metadata, Kind: obj.kind, Limit: obj.limit}
 	var (
 		g    *driver.Grant
 		sent time.Time
@@ -275,10 +286,12 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 	timer := time.NewTimer(0)
 	<-timer.C
 	defer timer.Stop()
+	req.Wait = newToken()
 	if l.waitNotifier != nil {
-		req.Wait = newToken()
 		defer l.waitNotifier.EndWait(*req)
 	}
+	// A Notifier's Watch serves locks only (see driver.Notifier).
+	canWatch := l.waitNotifier != nil || l.notifier != nil && req.Kind == driver.KindLock
 	for first := true; ; first = false {
 		if !first {
 			req.Token = newToken() // see driver.Abandoner
@@ -295,7 +308,7 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 		switch {
 		case errors.As(err, &busy):
 			lastErr = nil
-			if l.notifier != nil && notify == nil {
+			if canWatch && notify == nil {
 				c, stopWatch, queued, werr := l.watch(ctx, *req)
 				if werr == nil {
 					defer stopWatch()

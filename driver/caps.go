@@ -29,4 +29,47 @@ type Capabilities struct {
 	// the lease reports the loss as soon as the driver sees the connection
 	// fail. Lease.Fence, where available, protects the resource meanwhile.
 	ConnectionBound bool
+
+	// Metadata: the backend stores a lock's Request.Metadata while it is
+	// held, and the driver's Inspect reports it (LockInfo.Metadata). Leader
+	// election (Locker.Elect) needs it, with Fencing and Inspector, to name
+	// the leader.
+	Metadata bool
+
+	// Semaphore: the driver grants KindPermit requests (Locker.Semaphore).
+	Semaphore bool
+	// PermitFencing: every permit grant carries a fencing token that
+	// strictly increases with every grant of the same semaphore. Fencing
+	// alone covers locks and the write side of read/write locks.
+	PermitFencing bool
+	// RWLock: the driver grants KindRead and KindWrite requests
+	// (Locker.RWLock). Fencing, when declared, covers the write side: a
+	// writer's token strictly increases with every write grant of the name.
+	RWLock bool
+}
+
+// Fences reports whether grants of kind k carry fencing tokens: Fencing for
+// locks and writers, PermitFencing for permits, never for readers (they
+// hold together, so there is no order to fence).
+func (c Capabilities) Fences(k Kind) bool {
+	switch k {
+	case KindLock, KindWrite:
+		return c.Fencing
+	case KindPermit:
+		return c.PermitFencing
+	}
+	return false
+}
+
+// Supports reports whether the driver grants requests of kind k.
+func (c Capabilities) Supports(k Kind) bool {
+	switch k {
+	case KindLock:
+		return true
+	case KindPermit:
+		return c.Semaphore
+	case KindRead, KindWrite:
+		return c.RWLock
+	}
+	return false
 }

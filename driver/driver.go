@@ -73,6 +73,8 @@ type Waiter interface {
 
 // Notifier is implemented by drivers that can tell a waiter when a name may
 // have become free (for example by a message published on release). Watch
+// is for KindLock only: a Locker waiting for another kind, on a driver that
+// is neither a Waiter nor a WaitNotifier, polls with backoff. Watch
 // returns once the subscription is in place, so that a release after Watch
 // returns is never missed. The channel receives (or is closed) when the
 // name may be free; stop ends the watch.
@@ -89,7 +91,8 @@ type Notifier interface {
 // last attempt returned.
 type WaitNotifier interface {
 	Notifier
-	// WatchWait returns the wait's watch, as Watch does. queued reports
+	// WatchWait returns the wait's watch, as Watch does, for req.Kind's
+	// object of req.Name. queued reports
 	// that an attempt of this wait has already queued it behind this watch,
 	// so that no release after that attempt goes unheard: the Locker waits
 	// without looking again first. The watch ends with EndWait.
@@ -116,10 +119,18 @@ type Request struct {
 	Token    string        // random, 128 bits, hex: unique to this lease
 	TTL      time.Duration // how long the server keeps the lock unless refreshed
 	Metadata string
-	// Wait, for a WaitNotifier, is the same in every attempt of one waiting
-	// Acquire and unique to it (random hex); empty in TryAcquire and for
-	// other drivers.
+	// Wait is the same in every attempt of one waiting Acquire that polls
+	// (a driver without Waiter) and unique to it (random hex); empty in
+	// TryAcquire. A WaitNotifier keys its watch on it; a KindWrite attempt
+	// registers its writer's wait under it (see KindWrite).
 	Wait string
+	// Kind is what is asked for: a lock (the zero value), a permit, or a
+	// side of a read/write lock. Only kinds the driver's Capabilities
+	// declare are sent.
+	Kind Kind
+	// Limit is the semaphore's number of permits, for KindPermit (≥ 1);
+	// zero for the other kinds.
+	Limit int
 }
 
 // Grant is what a driver returns for a granted lock.

@@ -42,7 +42,7 @@ func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
 			}
 		}
 		for n := range s.watchers {
-			if strings.HasPrefix(n, prefix) {
+			if strings.HasPrefix(n, prefix) && !strings.HasPrefix(n, "\x00") { // other kinds' keys
 				names = append(names, n)
 			}
 		}

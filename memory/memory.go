@@ -68,6 +68,8 @@ type Store struct {
 	fence    uint64
 	watchers map[string]map[chan struct{}]struct{}
 	queues   map[string]*taskQueue // task queues (see NewQueue)
+	sems     map[string]*semaphore
+	rws      map[string]*rwlock
 }
 
 type entry struct {
@@ -80,7 +82,8 @@ type entry struct {
 
 // NewStore returns an empty Store.
 func NewStore() *Store {
-	return &Store{locks: map[string]*entry{}, watchers: map[string]map[chan struct{}]struct{}{}}
+	return &Store{locks: map[string]*entry{}, watchers: map[string]map[chan struct{}]struct{}{},
+		sems: map[string]*semaphore{}, rws: map[string]*rwlock{}}
 }
 
 // Len reports how many unexpired locks the store holds.
@@ -150,8 +153,9 @@ func newDriver(s *Store, o *Options) *driver {
 }
 
 type driver struct {
-	s    *Store
-	link *Link
+	s         *Store
+	link      *Link
+	waitStops map[string]func() // WatchWait's watches by Request.Wait; s.mu
 }
 
 // MinTTL is the shortest TTL the driver accepts. The store itself could
@@ -161,7 +165,8 @@ type driver struct {
 const MinTTL = 10 * time.Millisecond
 
 func (d *driver) Capabilities() dlock.Capabilities {
-	return dlock.Capabilities{Fencing: true, NotifiedWait: true, MinTTL: MinTTL}
+	return dlock.Capabilities{Fencing: true, NotifiedWait: true, MinTTL: MinTTL,
+		Metadata: true, Semaphore: true, PermitFencing: true, RWLock: true}
 }
 
 func (d *driver) Close() error { return nil }
@@ -173,6 +178,11 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		now := time.Now()
+		if req.Kind != dlockdriver.KindLock {
+			var err error
+			fence, err = s.tryKind(req, now)
+			return err
+		}
 		if e := s.live(req.Name, now); e != nil {
 			return dlockdriver.Busy(e.expires.Sub(now))
 		}
@@ -184,10 +194,14 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	if err != nil {
 		return nil, err
 	}
-	return &dlockdriver.Grant{Handle: &handle{d: d, name: req.Name, token: req.Token}, Fence: fence}, nil
+	return &dlockdriver.Grant{Handle: &handle{d: d, name: req.Name, token: req.Token, kind: req.Kind}, Fence: fence}, nil
 }
 
 func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	return d.watchKey(name)
+}
+
+func (d *driver) watchKey(name string) (<-chan struct{}, func(), error) {
 	c := make(chan struct{}, 1)
 	s := d.s
 	s.mu.Lock()
@@ -213,10 +227,14 @@ type handle struct {
 	d     *driver
 	name  string
 	token string
+	kind  dlockdriver.Kind
 }
 
 // mine returns the entry if it is still this handle's; s.mu held.
 func (h *handle) mine(now time.Time) *entry {
+	if h.kind != dlockdriver.KindLock {
+		return h.mineKind(now)
+	}
 	if e := h.d.s.live(h.name, now); e != nil && e.token == h.token {
 		return e
 	}
@@ -243,8 +261,13 @@ func (h *handle) Release(ctx context.Context) error {
 		s := h.d.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if h.mine(time.Now()) == nil {
+		now := time.Now()
+		if h.mine(now) == nil {
 			return dlock.ErrNotHeld
+		}
+		if h.kind != dlockdriver.KindLock {
+			h.releaseKind(now)
+			return nil
 		}
 		delete(s.locks, h.name)
 		for c := range s.watchers[h.name] {
@@ -278,7 +301,7 @@ func (s *Store) Watchers(name string) int {
 // Abandon removes the lock if req.Token holds it (an attempt whose reply was
 // lost); see dlockdriver.Abandoner.
 func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
-	h := &handle{d: d, name: req.Name, token: req.Token}
+	h := &handle{d: d, name: req.Name, token: req.Token, kind: req.Kind}
 	if err := h.Release(ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
 		return err
 	}

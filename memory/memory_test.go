@@ -30,13 +30,7 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 }
 
 func (h harness) Residue(_ context.Context, name string) ([]string, error) {
-	if tok, _, ok := h.store.Holder(name); ok {
-		return []string{"lock held by " + tok}, nil
-	}
-	if n := h.store.Watchers(name); n > 0 {
-		return []string{"watchers"}, nil
-	}
-	return nil, nil
+	return h.store.Residue(name), nil
 }
 
 func TestConformance(t *testing.T) {
