@@ -44,30 +44,36 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 	return l, p
 }
 
-// Residue lists every node left under the name's node, lock holders' and
-// waiters' alike, with its owner session: a node that outlives every lease
-// and wait while its session lives is orphaned waiter state. The name's
-// node itself is a container, which the server deletes once it is empty
+// Residue lists every node left under the name's node of each kind (the
+// lock's, the semaphore's, the read/write lock's), holders' and waiters'
+// alike, with its owner session: a node that outlives every lease and wait
+// while its session lives is orphaned waiter state. The name's nodes
+// themselves are containers, which the server deletes once they are empty
 // (TestContainersVanish checks that).
 func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
-	parent := zookeeper.LockPath(h.root, name)
-	children, _, err := h.raw.Children(parent)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var left []string
-	for _, c := range children {
-		_, st, err := h.raw.Get(parent + "/" + c)
-		switch {
-		case errors.Is(err, zk.ErrNoNode):
-			continue // gone meanwhile
-		case err != nil:
+	for _, parent := range []string{
+		zookeeper.LockPath(h.root, name),
+		zookeeper.SemaphorePath(h.root, name),
+		zookeeper.RWLockPath(h.root, name),
+	} {
+		children, _, err := h.raw.Children(parent)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
 			return nil, err
 		}
-		left = append(left, fmt.Sprintf("%s (session %#x)", c, st.EphemeralOwner))
+		for _, c := range children {
+			_, st, err := h.raw.Get(parent + "/" + c)
+			switch {
+			case errors.Is(err, zk.ErrNoNode):
+				continue // gone meanwhile
+			case err != nil:
+				return nil, err
+			}
+			left = append(left, fmt.Sprintf("%s/%s (session %#x)", parent, c, st.EphemeralOwner))
+		}
 	}
 	return left, nil
 }

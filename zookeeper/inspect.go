@@ -17,8 +17,10 @@ import (
 // Inspect describes name (dlockdriver.Inspector): the holder is the lock
 // node with the lowest sequence number under the name's parent (dlock's,
 // Curator's or zk.Lock's); its token is the GUID in its name (dlock's nodes),
-// its metadata the node's data, its fence the czxid, Since its ctime (the
-// server's clock) and Holder the session that owns it. An ephemeral node
+// its metadata the node's data, its fence the czxid, Since its mtime (the
+// server's clock: when it was created, or when it was granted after a wait
+// for a node with metadata, which is then written again; see queue) and
+// Holder the session that owns it. An ephemeral node
 // lives as long as its session, so there is no TTL to show. Every other
 // lock node is a waiter.
 func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo, error) {
@@ -52,7 +54,7 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 		info.Token = dlockdriver.TokenPrefix(guidOf(q[0].name))
 		info.Metadata = string(data)
 		info.Fence, info.HasFence = uint64(st.Czxid), true
-		info.Since = time.UnixMilli(st.Ctime)
+		info.Since = time.UnixMilli(st.Mtime)
 		info.Holder = fmt.Sprintf("session 0x%x", st.EphemeralOwner)
 		return info, ctx.Err()
 	}

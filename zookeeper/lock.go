@@ -43,7 +43,7 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool
 		return nil, err
 	}
 	called := time.Now()
-	c := d.claim(req.Token, d.parent(req.Name), s)
+	c := d.claim(req.Token, d.parentOf(req.Kind, req.Name), req.Kind, req.Limit, s)
 	var b backoff
 	for requeued := 0; ; {
 		var n node
@@ -84,7 +84,7 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool
 // generation's. When ctx ends with the create in flight, its outcome is
 // deleted in the background.
 func (d *driver) create(ctx context.Context, s *session, c *claim, data []byte) (node, error) {
-	prefix := nodePrefix(c.parent, c.guid)
+	prefix := c.prefix
 	for tries := 0; ; tries++ {
 		g := s.live()
 		if g == nil {
@@ -154,7 +154,7 @@ func (d *driver) find(ctx context.Context, s *session, c *claim) (n node, found 
 		}
 		busy := false
 		if err == nil {
-			for _, q := range queue(children) {
+			for _, q := range queueOf(c.kind, children) {
 				if guidOf(q.name) != c.guid {
 					continue
 				}
@@ -192,8 +192,8 @@ func (d *driver) find(ctx context.Context, s *session, c *claim) (n node, found 
 	}
 }
 
-// makeParent creates the container node of a name, and the root when it is
-// missing.
+// makeParent creates the container node of a name, and the persistent
+// nodes above it (the root, a kind's namespace) when they are missing.
 func (d *driver) makeParent(ctx context.Context, s *session, parent string) error {
 	for tries := 0; ; tries++ {
 		err := s.do(ctx, func() error {
@@ -206,12 +206,14 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 		if !errors.Is(err, zk.ErrNoNode) || tries > 0 {
 			return err
 		}
-		// The root is missing: create it, component by component.
-		for i := 1; i <= len(d.root); i++ {
-			if i < len(d.root) && d.root[i] != '/' {
+		// The root or the namespace is missing: create it, component by
+		// component.
+		up := path.Dir(parent)
+		for i := 1; i <= len(up); i++ {
+			if i < len(up) && up[i] != '/' {
 				continue
 			}
-			p := d.root[:i]
+			p := up[:i]
 			err := s.do(ctx, func() error {
 				_, err := s.conn.Create(p, nil, 0, d.acl)
 				return err
@@ -223,24 +225,35 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 	}
 }
 
-// queue waits until n, c's node, is the first lock node under the parent
-// (or, without wait, finds out whether it is), watching only its
-// predecessor. Every listing deletes the strays of c's GUID it shows. When it
-// returns without a grant, n is still c's tracked node (acquire deletes it)
-// unless the error is errRequeue: n is gone.
+// queue waits until n, c's node, is granted (or, without wait, finds out
+// whether it is), watching only what can grant it (see place). Every
+// listing deletes the strays of c's GUID it shows. When it returns without a
+// grant, n is still c's tracked node (acquire deletes it) unless the error
+// is errRequeue: n is gone.
 //
 // The lease's validity counts from the call (Grant.Sent zero: the most
 // conservative choice) when the grant came within three quarters of the TTL
 // of it; otherwise (after a wait, or reconnecting) from the listing that
-// found n first. Either is safe: every request on the session, sent at that
-// time or later, restarted its timeout on the server.
+// found n granted. Either is safe: every request on the session, sent at
+// that time or later, restarted its timeout on the server.
 func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dlockdriver.Request, wait bool, called time.Time) (*dlockdriver.Grant, error) {
-	var b backoff
+	var (
+		b        backoff
+		waited   bool // a listing found n not granted
+		children bool // list with a watch on the parent's children (see place)
+	)
 	for {
 		sent := time.Now()
-		var children []string
+		var (
+			list   []string
+			listed <-chan zk.Event
+		)
 		err := s.do(ctx, func() (err error) {
-			children, _, err = s.conn.Children(c.parent)
+			if children {
+				list, _, listed, err = s.conn.ChildrenW(c.parent)
+				return err
+			}
+			list, _, err = s.conn.Children(c.parent)
 			return err
 		}, nil)
 		if err == nil {
@@ -248,7 +261,7 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 				d.forget(c)
 				return nil, errRequeue
 			}
-			q := queue(children)
+			q := queueOf(req.Kind, list)
 			i := -1
 			strays := 0
 			for j, e := range q {
@@ -273,26 +286,48 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 					continue // look again
 				}
 			}
-			switch {
-			case i < 0: // deleted by someone else
+			if i < 0 { // deleted by someone else
 				d.forget(c)
 				return nil, errRequeue
-			case i == 0:
+			}
+			v := place(req, q, i)
+			switch {
+			case v.err != nil:
+				return nil, v.err
+			case v.granted:
 				if time.Since(called) <= req.TTL*3/4 {
 					sent = time.Time{}
 				}
-				return d.grant(s, c, n, req, sent), nil
+				// A permit node with nodes behind it marks its grant (see
+				// place); so does a lock node that waited, when it carries
+				// metadata: the mtime Inspect reports is then the grant's.
+				touch := req.Kind == dlockdriver.KindPermit && i+1 < len(q) ||
+					req.Kind == dlockdriver.KindLock && waited && req.Metadata != ""
+				return d.grant(s, c, n, req, sent, touch), nil
 			case !wait:
 				return nil, dlockdriver.Busy(0)
 			}
-			pred := c.parent + "/" + q[i-1].name
+			waited = true
 			var watch <-chan zk.Event
-			err = s.do(ctx, func() (err error) {
-				_, _, watch, err = s.conn.GetW(pred)
-				return err
-			}, nil)
-			if errors.Is(err, zk.ErrNoNode) {
-				continue // gone already: look again
+			if v.children {
+				if !children {
+					children = true
+					continue // list again, watching the children
+				}
+				watch = listed
+			} else {
+				pred := c.parent + "/" + v.watch
+				var st *zk.Stat
+				err = s.do(ctx, func() (err error) {
+					_, st, watch, err = s.conn.GetW(pred)
+					return err
+				}, nil)
+				if errors.Is(err, zk.ErrNoNode) {
+					continue // gone already: look again
+				}
+				if err == nil && req.Kind == dlockdriver.KindPermit && st.Version > 0 {
+					continue // granted since the listing: look again
+				}
 			}
 			if err == nil {
 				b = backoff{}
@@ -320,6 +355,62 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 	}
 }
 
+// verdict is what a listing says of a node: granted, or what to watch
+// while it waits, or why it must not wait (a semaphore's limit mismatch).
+type verdict struct {
+	granted  bool
+	watch    string // the child to watch
+	children bool   // watch the parent's children instead
+	err      error
+}
+
+// place judges the node at q[i], by kind:
+//
+//   - A lock node is granted when it is first, and watches its
+//     predecessor (each release wakes exactly one waiter).
+//   - A write node likewise: it is granted when no node of either side is
+//     ahead of it, and watches its predecessor. Readers behind it wait, so
+//     a waiting writer keeps new readers out.
+//   - A read node is granted when no write node is ahead of it, and watches
+//     the nearest write node ahead of it (the last of them to go).
+//   - A permit node is granted when fewer than its limit of permit nodes
+//     are ahead of it; any node ahead with another limit refuses it
+//     (LimitMismatch). The first waiter (exactly limit nodes ahead) watches
+//     the parent's children: the next permit to come back may be any of
+//     the limit ahead of it. A waiter further back watches its predecessor,
+//     which wakes it when it goes or when it is granted: a permit node
+//     granted with nodes behind it writes its data once (see queue), so
+//     that the waiter behind it, now first, starts watching the children.
+//     Watching the node limit places ahead would not do: a node between
+//     the two may go first, leaving the watcher entitled but asleep.
+func place(req dlockdriver.Request, q []contender, i int) verdict {
+	switch req.Kind {
+	case dlockdriver.KindRead:
+		for j := i - 1; j >= 0; j-- {
+			if q[j].write {
+				return verdict{watch: q[j].name}
+			}
+		}
+		return verdict{granted: true}
+	case dlockdriver.KindPermit:
+		for _, e := range q[:i] {
+			if e.limit != req.Limit {
+				return verdict{err: dlockdriver.LimitMismatch(req.Name, req.Limit, e.limit)}
+			}
+		}
+		switch {
+		case i < req.Limit:
+			return verdict{granted: true}
+		case i == req.Limit:
+			return verdict{children: true}
+		}
+	}
+	if i == 0 {
+		return verdict{granted: true}
+	}
+	return verdict{watch: q[i-1].name}
+}
+
 // leave ends an acquisition that was not granted: it deletes its node (after
 // a doubt, every node with its GUID), waiting for that up to half the TTL (at
 // most a second); the deletion carries on in the background after that.
@@ -333,15 +424,18 @@ func (d *driver) leave(c *claim, ttl time.Duration) {
 	}
 }
 
-// grant makes the lease's handle for n, first in the queue as of a listing
-// sent at sent (zero: the lease counts from the call). The handle keeps the
-// claim.
-func (d *driver) grant(s *session, c *claim, n node, req dlockdriver.Request, sent time.Time) *dlockdriver.Grant {
+// grant makes the lease's handle for n, granted as of a listing sent at
+// sent (zero: the lease counts from the call). The handle keeps the claim.
+// touch: the node's data is written again (the same data) in the
+// background, so that the waiter behind it wakes (a permit) or its mtime
+// records the grant (a lock that waited); the handle's later deletes wait
+// for that write and use the version it leaves.
+func (d *driver) grant(s *session, c *claim, n node, req dlockdriver.Request, sent time.Time, touch bool) *dlockdriver.Grant {
 	ttl := req.TTL
 	if s.owned {
 		ttl = n.gen.timeout
 	}
-	h := &handle{d: d, c: c, path: n.path, data: []byte(req.Metadata), lost: make(chan struct{}), s: s, gen: n.gen, ttl: ttl}
+	h := &handle{d: d, c: c, path: n.path, data: []byte(req.Metadata), lost: make(chan struct{}), s: s, gen: n.gen, ttl: ttl, touched: closed}
 	expireAt := sent
 	if expireAt.IsZero() {
 		expireAt = time.Now()
@@ -353,7 +447,29 @@ func (d *driver) grant(s *session, c *claim, n node, req dlockdriver.Request, se
 	if !s.register(h, n.gen) {
 		h.gone(n.gen)
 	}
-	return &dlockdriver.Grant{Handle: h, Fence: uint64(n.czxid), TTL: ttl, Lost: h.lost, Sent: sent}
+	if touch {
+		h.touched = d.retry(s, n.gen, func() error {
+			var st *zk.Stat
+			err := s.do(d.ctx, func() (err error) {
+				st, err = s.conn.Set(h.path, h.data, -1)
+				return err
+			}, nil)
+			h.mu.Lock()
+			switch {
+			case err == nil:
+				h.version = st.Version
+			case inDoubt(err):
+				h.version = -1 // perhaps applied: until a write says
+			}
+			h.mu.Unlock()
+			return err
+		})
+	}
+	var fence uint64
+	if req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite {
+		fence = uint64(n.czxid)
+	}
+	return &dlockdriver.Grant{Handle: h, Fence: fence, TTL: ttl, Lost: h.lost, Sent: sent}
 }
 
 type handleState int
@@ -379,6 +495,14 @@ type handle struct {
 	ttl    time.Duration
 	expiry *time.Timer // deletes the node a TTL after the last refresh was sent
 	state  handleState
+
+	// touched is closed once the grant's write of the node's data is over
+	// (see grant): closed at once when there was none. version is the
+	// node's data version for deletes: 0 as created, the write's version
+	// after it, and -1 (any) when that write may have been applied twice
+	// or not at all.
+	touched <-chan struct{}
+	version int32
 }
 
 // expire runs when the TTL has passed since the last refresh was sent
@@ -564,7 +688,7 @@ func (h *handle) migrate(ctx context.Context, ttl time.Duration) (time.Duration,
 				h.finish(dropped)
 				return 0, h.notHeld("was deleted (its TTL passed, or its session ended)")
 			}
-			h.s, h.gen, h.ttl = ns, ng, ng.timeout
+			h.s, h.gen, h.ttl, h.version = ns, ng, ng.timeout, 0
 			h.expiry.Reset(time.Until(sent.Add(ng.timeout)))
 			h.mu.Unlock()
 			h.d.moved(h.c, ns, ng)
@@ -585,9 +709,14 @@ func (h *handle) migrate(ctx context.Context, ttl time.Duration) (time.Duration,
 		ns.unref()
 		return 0, fmt.Errorf("zookeeper: moving %s to a session of %v: %w", h.path, ttl, err)
 	}
+	version, err := h.deleteVersion(ctx)
+	if err != nil {
+		ns.unref()
+		return 0, fmt.Errorf("zookeeper: moving %s to a session of %v: %w", h.path, ttl, err)
+	}
 	err = ns.do(ctx, func() error {
 		_, err := ns.conn.Multi(
-			&zk.DeleteRequest{Path: h.path, Version: 0},
+			&zk.DeleteRequest{Path: h.path, Version: version},
 			&zk.CreateRequest{Path: h.path, Data: h.data, Acl: h.d.acl, Flags: zk.FlagEphemeral},
 		)
 		return err
@@ -598,7 +727,20 @@ func (h *handle) migrate(ctx context.Context, ttl time.Duration) (time.Duration,
 	return apply(err)
 }
 
-// Release deletes the node, with the version it was created with.
+// deleteVersion waits for the grant's write of the node's data, if any
+// (bounded by ctx), and returns the version to delete the node with.
+func (h *handle) deleteVersion(ctx context.Context) (int32, error) {
+	select {
+	case <-h.touched:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.version, nil
+}
+
+// Release deletes the node, with the version it has (see handle.version).
 func (h *handle) Release(ctx context.Context) error {
 	st, s, g := h.current()
 	switch {
@@ -609,7 +751,11 @@ func (h *handle) Release(ctx context.Context) error {
 	case !s.isLive(g):
 		return h.notHeld("went with its session")
 	}
-	err := s.do(ctx, func() error { return s.conn.Delete(h.path, 0) }, func(err error) { _ = h.released(err) })
+	version, err := h.deleteVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("zookeeper: releasing %s: %w", h.path, err)
+	}
+	err = s.do(ctx, func() error { return s.conn.Delete(h.path, version) }, func(err error) { _ = h.released(err) })
 	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 		return fmt.Errorf("zookeeper: releasing %s: %w", h.path, err)
 	}
@@ -663,7 +809,10 @@ func (h *handle) deleteOnClose(ctx context.Context) {
 	if st != held {
 		return
 	}
-	err := s.do(ctx, func() error { return s.conn.Delete(h.path, 0) }, nil)
+	version, err := h.deleteVersion(ctx)
+	if err == nil {
+		err = s.do(ctx, func() error { return s.conn.Delete(h.path, version) }, nil)
+	}
 	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		h.finish(released)
 		return

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"path"
 
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/go-zookeeper/zk"
 )
 
@@ -38,6 +39,8 @@ import (
 type claim struct {
 	guid   string
 	parent string
+	kind   dlockdriver.Kind
+	prefix string // the path its nodes are created at (see kindPrefix)
 
 	// Guarded by driver.cmu.
 	s     *session    // the session the nodes are in (the lease's, after a move)
@@ -47,9 +50,10 @@ type claim struct {
 	busy  int         // sweeps deleting a stray of the GUID: adopt nothing meanwhile
 }
 
-// claim records a new acquisition of guid under parent in s.
-func (d *driver) claim(guid, parent string, s *session) *claim {
-	c := &claim{guid: guid, parent: parent, s: s}
+// claim records a new acquisition of guid under parent in s, of kind k
+// (limit: a semaphore's).
+func (d *driver) claim(guid, parent string, k dlockdriver.Kind, limit int, s *session) *claim {
+	c := &claim{guid: guid, parent: parent, kind: k, prefix: kindPrefix(k, parent, guid, limit), s: s}
 	d.cmu.Lock()
 	d.claims[guid] = c
 	d.cmu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/reach"
 	"github.com/go-zookeeper/zk"
 )
@@ -201,6 +202,12 @@ func newDriver(opts *Options) (*driver, Options, error) {
 			FIFO:            true,
 			NotifiedWait:    true,
 			SurvivesRestart: true,
+			Metadata:        true,
+			Semaphore:       true,
+			RWLock:          true,
+			// Not PermitFencing: a permit node's czxid does not follow grant
+			// order (a newcomer can be granted a free permit before an older
+			// waiter, entitled too, has heard of its own grant).
 		},
 	}
 	d.ctx, d.stop = context.WithCancel(context.Background())
@@ -310,8 +317,20 @@ func (d *driver) session(ctx context.Context, ttl time.Duration) (*session, erro
 	return nil, invalid("TTL %v is below the server's minimum session timeout %v", ttl, got)
 }
 
-// parent returns the znode of name.
+// parent returns the znode of the lock name.
 func (d *driver) parent(name string) string { return LockPath(d.root, name) }
+
+// parentOf returns the znode of kind k's object name: the lock's, the
+// semaphore's or the read/write lock's.
+func (d *driver) parentOf(k dlockdriver.Kind, name string) string {
+	switch k {
+	case dlockdriver.KindPermit:
+		return SemaphorePath(d.root, name)
+	case dlockdriver.KindRead, dlockdriver.KindWrite:
+		return RWLockPath(d.root, name)
+	}
+	return d.parent(name)
+}
 
 // goBG runs f in the background, counted for Close; false once closed.
 func (d *driver) goBG(f func()) bool {
