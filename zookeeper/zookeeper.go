@@ -197,6 +197,7 @@ func newDriver(opts *Options) (*driver, Options, error) {
 		open:     map[*session]struct{}{},
 		handles:  map[*handle]struct{}{},
 		claims:   map[string]*claim{},
+		watches:  map[string]childWatch{},
 		caps: dlock.Capabilities{
 			Fencing:         true,
 			FIFO:            true,
@@ -241,6 +242,9 @@ type driver struct {
 
 	cmu    sync.Mutex
 	claims map[string]*claim // by GUID: acquisitions and their leases (see claim)
+
+	wmu     sync.Mutex
+	watches map[string]childWatch // by lock parent: Watch's shared watches
 }
 
 func (d *driver) Capabilities() dlock.Capabilities { return d.caps }
