@@ -1,0 +1,328 @@
+package zookeeper_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/zookeeper"
+	"github.com/go-zookeeper/zk"
+)
+
+// waitChildren waits until the znode at parent has n children, and returns
+// them.
+func waitChildren(t *testing.T, raw *zk.Conn, parent string, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		children, _, err := raw.Children(parent)
+		if err == nil && len(children) == n || n == 0 && errors.Is(err, zk.ErrNoNode) {
+			return children
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("children of %s: got %v (%v), want %d", parent, children, err, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// permitAsync waits for a permit of sem in the background.
+func permitAsync(ctx context.Context, sem *dlock.Semaphore) <-chan result {
+	c := make(chan result, 1)
+	go func() {
+		ls, err := sem.Acquire(ctx, nil)
+		c <- result{ls, err}
+	}()
+	return c
+}
+
+func semaphore(t *testing.T, l *dlock.Locker, name string, limit int) *dlock.Semaphore {
+	t.Helper()
+	sem, err := l.Semaphore(name, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sem
+}
+
+// TestSemaphoreWaiterAheadLeaves: limit 2, two holders, two waiters; the
+// first waiter gives up, then a holder releases: the second waiter, which
+// watched the first, is granted the permit. A waiter that watched only the
+// node limit places ahead of it (the first holder) would sleep on.
+func TestSemaphoreWaiterAheadLeaves(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	name := "sem-leave-" + randomHex(4)
+	parent := zookeeper.SemaphorePath("", name)
+	var sems []*dlock.Semaphore
+	for range 4 {
+		sems = append(sems, semaphore(t, connect(t, srv.Addr(), withTTL(time.Second)), name, 2))
+	}
+	h0, err := sems[0].Acquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h1, err := sems[1].Acquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, giveUp := context.WithCancel(ctx)
+	first := permitAsync(wctx, sems[2])
+	waitChildren(t, raw, parent, 3)
+	second := permitAsync(ctx, sems[3])
+	waitChildren(t, raw, parent, 4)
+	giveUp()
+	if r := <-first; !errors.Is(r.err, dlock.ErrNotAcquired) {
+		t.Fatalf("the first waiter, cancelled: %v, want ErrNotAcquired", r.err)
+	}
+	waitChildren(t, raw, parent, 3)
+	notGranted(t, second, "the second waiter, with two permits held")
+	release(t, h0)
+	ls := granted(t, second, 10*time.Second, "the second waiter, after a release")
+	release(t, ls)
+	release(t, h1)
+	waitChildren(t, raw, parent, 0)
+}
+
+// TestSemaphoreGrantWakesNext: limit 2, two holders, two waiters. A release
+// grants the first waiter; the second now waits first in line, and the next
+// release grants it while the first still holds. The second waiter watched
+// the first, which stays: the first's grant writes its node's data to wake
+// it.
+func TestSemaphoreGrantWakesNext(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	name := "sem-next-" + randomHex(4)
+	parent := zookeeper.SemaphorePath("", name)
+	var sems []*dlock.Semaphore
+	for range 4 {
+		sems = append(sems, semaphore(t, connect(t, srv.Addr(), withTTL(time.Second)), name, 2))
+	}
+	h0, err := sems[0].Acquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h1, err := sems[1].Acquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := permitAsync(ctx, sems[2])
+	waitChildren(t, raw, parent, 3)
+	second := permitAsync(ctx, sems[3])
+	waitChildren(t, raw, parent, 4)
+	release(t, h0)
+	w0 := granted(t, first, 10*time.Second, "the first waiter, after a release")
+	notGranted(t, second, "the second waiter, with two permits held")
+	release(t, h1)
+	w1 := granted(t, second, 10*time.Second, "the second waiter, after the second release")
+	if held, err := w0.Held(ctx); err != nil || !held {
+		t.Fatalf("the first waiter's permit: Held() = %v, %v; want true", held, err)
+	}
+	release(t, w0) // deleted with the version its grant's write left
+	release(t, w1)
+	waitChildren(t, raw, parent, 0)
+}
+
+// TestSemaphoreMismatchWaiting: an Acquire under another limit than the
+// holders' fails at once with ErrLimitMismatch, rather than waiting, and
+// leaves no node; so does a TryAcquire. A holder or waiter behind it with
+// the holders' limit is not refused.
+func TestSemaphoreMismatchWaiting(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	name := "sem-mismatch-" + randomHex(4)
+	parent := zookeeper.SemaphorePath("", name)
+	l := connect(t, srv.Addr(), withTTL(time.Second))
+	h, err := semaphore(t, l, name, 1).Acquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := permitAsync(ctx, semaphore(t, l, name, 1))
+	waitChildren(t, raw, parent, 2)
+	_, err = semaphore(t, l, name, 3).Acquire(ctx, nil)
+	if !errors.Is(err, dlock.ErrLimitMismatch) || !strings.Contains(err.Error(), "limit 1") {
+		t.Fatalf("Acquire with limit 3: %v, want ErrLimitMismatch naming limit 1", err)
+	}
+	_, err = semaphore(t, l, name, 2).TryAcquire(ctx, nil)
+	if !errors.Is(err, dlock.ErrLimitMismatch) {
+		t.Fatalf("TryAcquire with limit 2: %v, want ErrLimitMismatch", err)
+	}
+	waitChildren(t, raw, parent, 2)
+	notGranted(t, w, "the waiter with the holder's limit")
+	release(t, h)
+	release(t, granted(t, w, 10*time.Second, "the waiter with the holder's limit"))
+	waitChildren(t, raw, parent, 0)
+}
+
+// TestRWLockCuratorLayout: read and write nodes are named as Apache
+// Curator's InterProcessReadWriteLock names them, under RWLockPath: a
+// Curator-style write node keeps dlock's readers and writers out, a
+// Curator-style read node lets dlock's readers in and keeps its writers
+// out, and dlock's nodes are named __READ__ and __WRIT__.
+func TestRWLockCuratorLayout(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	name := "rw-curator-" + randomHex(4)
+	parent := zookeeper.RWLockPath("", name)
+	l := connect(t, srv.Addr(), withTTL(time.Second))
+	rw, err := l.RWLock(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Curator creates the parents as persistent (or container) nodes.
+	for _, p := range []string{"/dlock", "/dlock/%rwlocks", parent} {
+		if _, err := raw.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = raw.Delete(parent, -1) })
+	curator := func(lockName string) string {
+		t.Helper()
+		p, err := raw.Create(parent+"/_c_6f1c2a34-51b1-4c1e-9d0e-"+randomHex(6)+"-"+lockName, nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	w := curator("__WRIT__")
+	if _, err := rw.TryRLock(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryRLock beside a Curator writer: %v, want ErrNotAcquired", err)
+	}
+	if _, err := rw.TryLock(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryLock beside a Curator writer: %v, want ErrNotAcquired", err)
+	}
+	if err := raw.Delete(w, -1); err != nil {
+		t.Fatal(err)
+	}
+
+	r := curator("__READ__")
+	ls, err := rw.TryRLock(ctx, nil)
+	if err != nil {
+		t.Fatalf("TryRLock beside a Curator reader: %v", err)
+	}
+	children := waitChildren(t, raw, parent, 2)
+	if !strings.Contains(strings.Join(children, " "), "_c_"+ls.Token()+"-__READ__") {
+		t.Errorf("nodes %v: want dlock's reader as _c_<token>-__READ__<seq>", children)
+	}
+	if _, err := rw.TryLock(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryLock beside a Curator reader: %v, want ErrNotAcquired", err)
+	}
+	release(t, ls)
+	if err := raw.Delete(r, -1); err != nil {
+		t.Fatal(err)
+	}
+	ls, err = rw.TryLock(ctx, nil)
+	if err != nil {
+		t.Fatalf("TryLock on a free lock: %v", err)
+	}
+	children = waitChildren(t, raw, parent, 1)
+	if want := "_c_" + ls.Token() + "-__WRIT__"; !strings.HasPrefix(children[0], want) {
+		t.Errorf("node %v: want dlock's writer as %s<seq>", children, want)
+	}
+	release(t, ls)
+}
+
+// TestRWLockWriterFencing: a writer's fencing token is its write node's
+// czxid, and it increases from one writer to the next, across readers
+// granted in between.
+func TestRWLockWriterFencing(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	name := "rw-fence-" + randomHex(4)
+	parent := zookeeper.RWLockPath("", name)
+	l := connect(t, srv.Addr(), withTTL(time.Second))
+	rw, err := l.RWLock(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	for i := range 3 {
+		r, err := rw.RLock(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := r.Fence(); ok {
+			t.Errorf("a reader's lease has a fencing token")
+		}
+		release(t, r)
+		w, err := rw.Lock(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fence, ok := w.Fence()
+		children := waitChildren(t, raw, parent, 1)
+		_, st, err := raw.Get(parent + "/" + children[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok || fence != uint64(st.Czxid) || fence <= last {
+			t.Fatalf("writer %d: Fence() = %d, %v; want the node's czxid %d, above %d", i, fence, ok, st.Czxid, last)
+		}
+		last = fence
+		release(t, w)
+	}
+}
+
+// TestElectionSinceIsGrant: a candidate that waited is reported leading
+// since its grant, not since it joined the queue: its node's data is
+// written again when it is granted, and Inspect reports the mtime.
+func TestElectionSinceIsGrant(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	name := "elect-since-" + randomHex(4)
+	a := connect(t, srv.Addr(), withTTL(time.Second))
+	b := connect(t, srv.Addr(), withTTL(time.Second))
+	la, err := a.Elect(ctx, name, "a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := make(chan result, 1)
+	go func() {
+		ls, err := b.Elect(ctx, name, "b", nil)
+		c <- result{ls, err}
+	}()
+	waitQueue(t, raw, name, 2)
+	var queued time.Time
+	for _, ch := range waitChildren(t, raw, zookeeper.LockPath("", name), 2) {
+		data, st, err := raw.Get(zookeeper.LockPath("", name) + "/" + ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(data) == "b" {
+			queued = time.UnixMilli(st.Ctime)
+		}
+	}
+	// Let the server's millisecond clock move past b's joining.
+	waitFor(t, time.Second, "time past b's queueing", func() bool { return time.Since(queued) > 20*time.Millisecond })
+	released := time.Now().Truncate(time.Millisecond)
+	release(t, la)
+	lb := granted(t, c, 10*time.Second, "b")
+	ld, err := b.Leader(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if term, _ := lb.Fence(); !ld.Held || ld.Candidate != "b" || ld.Term != term {
+		t.Fatalf("Leader() = %+v, want b with term %d", ld, term)
+	}
+	// The server's clock is the host's (a container), to the millisecond.
+	if ld.Since.Before(released.Add(-5*time.Millisecond)) || ld.Since.After(time.Now().Add(5*time.Millisecond)) {
+		t.Errorf("Leader().Since = %v: b joined the queue at %v, was granted after %v", ld.Since, queued, released)
+	}
+	release(t, lb)
+}
