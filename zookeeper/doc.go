@@ -22,6 +22,10 @@
 //     reports the loss first. No node is left behind by a fault.
 //   - Curator's InterProcessMutex and go-zookeeper's zk.Lock exclude dlock's
 //     locks on the same path (see LockPath).
+//   - Semaphores (FIFO), read/write locks (Curator's layout, writers
+//     fenced, a waiting writer keeps new readers out) and leader election
+//     (the candidate in the lock node's data): see Semaphores, Read/write
+//     locks and Elections below.
 //
 // The sections below are the details.
 //
@@ -122,6 +126,67 @@
 // valid until its ValidUntil, as dlock documents; the driver deletes the
 // node then.
 //
+// # Semaphores
+//
+// A semaphore is a queue like a lock's, under a node of its own (see
+// Layout): each permit or waiter is one ephemeral-sequential node, and the
+// first Limit nodes by sequence number hold permits. Everything above about
+// sessions, TTLs, losses and cleanup holds for permits as for locks.
+//
+// The limit is part of each permit node's name, so that one listing shows
+// every holder's limit without reading a node: a node that finds a node
+// ahead of it with another limit deletes itself and fails with
+// dlock.ErrLimitMismatch, waiting or not, having taken nothing. Two
+// acquisitions racing with different limits on a free semaphore: the later
+// one is refused. A node behind a refused one may be refused too while the
+// refused node is still there (it deletes itself at once): only while
+// someone uses a wrong limit.
+//
+// Waiting is FIFO and wakes no herd. The first waiter (exactly Limit nodes
+// ahead of it) watches the children of the semaphore's node, since the next
+// permit to come back may be any of the Limit ahead of it; a waiter further
+// back watches its predecessor. A permit granted while nodes wait behind it
+// writes its node's data once (the same data), which wakes the waiter
+// behind it: that one is now first and watches the children. (Watching the
+// node Limit places ahead would not do: a node in between may leave first,
+// and the watcher, entitled to a permit, would sleep on.)
+//
+// Permits carry no fencing token (Capabilities.PermitFencing is false): a
+// permit node's czxid follows arrival, not grant order — a newcomer can be
+// granted a free permit before an older waiter, entitled too, has heard of
+// its own grant.
+//
+// # Read/write locks
+//
+// Readers and writers queue under one node, as read nodes and write nodes
+// named as Apache Curator's InterProcessReadWriteLock names them, so that
+// Curator and dlock share a read/write lock at RWLockPath. A writer holds
+// when it is first, and watches its predecessor; a reader holds when no
+// write node is ahead of it, and watches the nearest write node ahead. A
+// waiting writer's node is ahead of every later reader, so it keeps new
+// readers out (TryRLock fails, RLock waits) from the moment it queues until
+// it is granted or gives up (its node is deleted, waking the readers);
+// readers already holding keep the lock until they release.
+//
+// A writer's fencing token is its write node's czxid: a writer is granted
+// only once every node created before it is gone, so write grants follow
+// czxid order. Readers' leases carry no token.
+//
+// # Elections
+//
+// Locker.Elect is a lock whose node's data is the candidate
+// (Capabilities.Metadata): Inspect reports the first lock node's data as
+// the leader, its czxid as the term, and its mtime as Since. A lock node
+// with metadata that was granted after waiting writes its data again (the
+// same data) when granted, so that Since is the grant, not the moment the
+// candidate joined the queue; a lock without metadata is not written (a
+// holder that waited reports the time it queued). Observe hears a leader's
+// end at once: the driver watches the children of the lock's node
+// (dlockdriver.Notifier), one server watch per name while it has not fired.
+// A Refresh with another TTL moves the node (see above): Inspect then
+// reports the moved node's czxid and mtime, while the lease keeps its
+// token.
+//
 // A Locker made by New uses the application's *zk.Conn for everything: one
 // session, so TTLs above its timeout are rejected, shorter ones are enforced
 // by the driver, and a holder cut off from the server keeps its nodes for the
@@ -147,4 +212,20 @@
 // is created in one transaction with an (empty) write to R/N, whose reply
 // carries the transaction's zxid, the new node's czxid: the driver needs
 // read, write, create and delete permissions on R/N.
+//
+// Semaphores and read/write locks have namespaces of their own, which no
+// lock name escapes to (Names lists locks only):
+//
+//	R/%semaphores                           persistent
+//	R/%semaphores/N                         container (SemaphorePath)
+//	R/%semaphores/N/_c_<guid>-permit-<limit>-<seq>
+//	                                        ephemeral-sequential: one per
+//	                                        permit or waiter
+//	R/%rwlocks                              persistent
+//	R/%rwlocks/N                            container (RWLockPath)
+//	R/%rwlocks/N/_c_<guid>-__READ__<seq>    ephemeral-sequential: a reader
+//	R/%rwlocks/N/_c_<guid>-__WRIT__<seq>    ephemeral-sequential: a writer
+//
+// A node's data is its lease's metadata. A lock, a semaphore and a
+// read/write lock of the same name are three independent objects.
 package zookeeper
