@@ -448,7 +448,7 @@ func (d *driver) grant(s *session, c *claim, n node, req dlockdriver.Request, se
 		h.gone(n.gen)
 	}
 	if touch {
-		h.touched = d.retry(s, n.gen, func() error {
+		done := d.retry(s, n.gen, func() error {
 			var st *zk.Stat
 			err := s.do(d.ctx, func() (err error) {
 				st, err = s.conn.Set(h.path, h.data, -1)
@@ -464,6 +464,9 @@ func (d *driver) grant(s *session, c *claim, n node, req dlockdriver.Request, se
 			h.mu.Unlock()
 			return err
 		})
+		h.mu.Lock()
+		h.touched = done
+		h.mu.Unlock()
 	}
 	var fence uint64
 	if req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite {
@@ -730,8 +733,11 @@ func (h *handle) migrate(ctx context.Context, ttl time.Duration) (time.Duration,
 // deleteVersion waits for the grant's write of the node's data, if any
 // (bounded by ctx), and returns the version to delete the node with.
 func (h *handle) deleteVersion(ctx context.Context) (int32, error) {
+	h.mu.Lock()
+	touched := h.touched
+	h.mu.Unlock()
 	select {
-	case <-h.touched:
+	case <-touched:
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
