@@ -326,3 +326,45 @@ func TestElectionSinceIsGrant(t *testing.T) {
 	}
 	release(t, lb)
 }
+
+// TestKindsOwnNamespaces: a lock, a semaphore and a read/write lock of one
+// name are independent, each under its own node; Inspect and InspectPrefix
+// describe the lock only (the namespaces' nodes are no lock names).
+func TestKindsOwnNamespaces(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	l := connect(t, srv.Addr(), withTTL(time.Second))
+	name := "kinds-" + randomHex(4)
+	rw, err := l.RWLock(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := rw.TryLock(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := semaphore(t, l, name, 1).TryAcquire(ctx, nil)
+	if err != nil {
+		t.Fatalf("a semaphore beside a held write lock of its name: %v", err)
+	}
+	infos, err := l.InspectPrefix(ctx, name)
+	if err != nil || len(infos) != 0 {
+		t.Fatalf("InspectPrefix with a permit and a writer held: %+v, %v; want no lock", infos, err)
+	}
+	ls, err := l.TryAcquire(ctx, name, &dlock.Options{Metadata: "m"})
+	if err != nil {
+		t.Fatalf("a lock beside a semaphore and a read/write lock of its name: %v", err)
+	}
+	infos, err = l.InspectPrefix(ctx, name)
+	if err != nil || len(infos) != 1 || infos[0].Name != name || infos[0].Metadata != "m" {
+		t.Fatalf("InspectPrefix: %+v, %v; want the lock %q alone", infos, err, name)
+	}
+	for _, parent := range []string{zookeeper.LockPath("", name), zookeeper.SemaphorePath("", name), zookeeper.RWLockPath("", name)} {
+		waitChildren(t, raw, parent, 1)
+	}
+	for _, ls := range []*dlock.Lease{w, p, ls} {
+		release(t, ls)
+	}
+}
