@@ -368,3 +368,67 @@ func TestKindsOwnNamespaces(t *testing.T) {
 		release(t, ls)
 	}
 }
+
+// TestOrphanLostCreateReplyKinds: TestOrphanLostCreateReply for a permit and
+// for a writer. The reply to the create is lost (the connection is reset
+// with it held up in the proxy); the attempt finds its node again by its
+// GUID among the kind's nodes, waits with it, is granted, and leaves no
+// other node.
+func TestOrphanLostCreateReplyKinds(t *testing.T) {
+	for _, kind := range []string{"permit", "write"} {
+		t.Run(kind, func(t *testing.T) {
+			srv, ctx, p := orphanSetup(t)
+			l := connect(t, p.Addr(), withTTL(3*time.Second))
+			holder := connect(t, srv.Addr(), withTTL(3*time.Second))
+			raw := rawConn(t, srv.Addr(), 10*time.Second)
+			name := "lostreply-" + kind + "-" + randomHex(4)
+			var (
+				parent  string
+				acquire func(ctx context.Context, l *dlock.Locker) (*dlock.Lease, error)
+			)
+			switch kind {
+			case "permit":
+				parent = zookeeper.SemaphorePath("", name)
+				acquire = func(ctx context.Context, l *dlock.Locker) (*dlock.Lease, error) {
+					return semaphore(t, l, name, 1).Acquire(ctx, nil)
+				}
+			case "write":
+				parent = zookeeper.RWLockPath("", name)
+				acquire = func(ctx context.Context, l *dlock.Locker) (*dlock.Lease, error) {
+					rw, err := l.RWLock(name)
+					if err != nil {
+						return nil, err
+					}
+					return rw.Lock(ctx, nil)
+				}
+			}
+			ls, err := acquire(ctx, l) // opens the session
+			if err != nil {
+				t.Fatal(err)
+			}
+			release(t, ls)
+			lh, err := acquire(ctx, holder)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			p.SetLatency(500 * time.Millisecond)
+			c := make(chan result, 1)
+			go func() {
+				ls, err := acquire(ctx, l)
+				c <- result{ls, err}
+			}()
+			waitChildren(t, raw, parent, 2)
+			p.Reset()
+			p.SetLatency(0)
+			notGranted(t, c, "waiter")
+			release(t, lh)
+			ls = granted(t, c, 15*time.Second, "the acquisition whose create's reply was lost")
+			if children, _, err := raw.Children(parent); err != nil || len(children) != 1 {
+				t.Errorf("nodes after the grant: %v (%v), want the lease's alone", children, err)
+			}
+			release(t, ls)
+			waitChildren(t, raw, parent, 0)
+		})
+	}
+}
