@@ -23,8 +23,8 @@ func TestBenchHoldRedis(t *testing.T) {
 			continue
 		}
 		rows++
-		// backend N acquired acquire cpu server-cpu conns heap "B" lost release
-		if len(f) != 11 || f[1] != f[2] || f[9] != "0" || f[6] == "0" || f[6] == "-" {
+		// backend N TTL acquired acquire cpu server-cpu conns heap "B" lost release
+		if len(f) != 12 || f[1] != f[3] || f[10] != "0" || f[7] == "0" || f[7] == "-" {
 			t.Errorf("row %q: want every lease acquired, none lost, connections counted", f)
 		}
 	}

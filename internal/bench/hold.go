@@ -70,6 +70,7 @@ func (c HoldConfig) withDefaults() HoldConfig {
 type HoldResult struct {
 	Backend string
 	N       int
+	TTL     time.Duration // the configured one, or the backend's MinTTL if longer
 	// Acquired is how many of N were acquired within the budget.
 	Acquired int
 	Acquire  time.Duration // to acquire them
@@ -123,6 +124,7 @@ func holdOnce(ctx context.Context, cfg HoldConfig, t HoldTarget, n int) HoldResu
 		return r
 	}
 	defer closeLocker(l)
+	r.TTL = max(cfg.TTL, l.Capabilities().MinTTL)
 	prefix := "dlock-bench-hold:" + runID() + ":"
 	var before runtime.MemStats
 	runtime.GC()
@@ -145,7 +147,7 @@ func holdOnce(ctx context.Context, cfg HoldConfig, t HoldTarget, n int) HoldResu
 				if i >= n || actx.Err() != nil {
 					return
 				}
-				ls, err := l.Acquire(actx, prefix+strconv.Itoa(i), &dlock.Options{TTL: cfg.TTL})
+				ls, err := l.Acquire(actx, prefix+strconv.Itoa(i), &dlock.Options{TTL: r.TTL})
 				if err != nil {
 					emu.Lock()
 					if first == nil && actx.Err() == nil {
@@ -304,16 +306,16 @@ func procAddr(ip net.IP, port int) string {
 // WriteHoldText writes the results as a table.
 func WriteHoldText(w io.Writer, cfg HoldConfig, results []HoldResult) error {
 	cfg = cfg.withDefaults()
-	fmt.Fprintf(w, "dlock bench hold: one Locker takes N names with %d goroutines (TTL %v, watchdog on, %v budget), holds them %v, releases them\n\n",
+	fmt.Fprintf(w, "dlock bench hold: one Locker takes N names with %d goroutines (TTL %v or the backend's minimum, watchdog on,\n%v budget), holds them %v, releases them\n\n",
 		cfg.Workers, cfg.TTL, cfg.Budget, cfg.Hold)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "backend\tN\tacquired\tacquire\tprocess CPU/min\tserver CPU/min\tconns\theap/lease\tlost\trelease")
+	fmt.Fprintln(tw, "backend\tN\tTTL\tacquired\tacquire\tprocess CPU/min\tserver CPU/min\tconns\theap/lease\tlost\trelease")
 	for _, r := range results {
 		conns := strconv.Itoa(r.Conns)
 		if r.Conns < 0 {
 			conns = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%d B\t%d\t%s\n", r.Backend, r.N, r.Acquired,
+		fmt.Fprintf(tw, "%s\t%d\t%v\t%d\t%s\t%s\t%s\t%s\t%d B\t%d\t%s\n", r.Backend, r.N, r.TTL, r.Acquired,
 			FormatDuration(r.Acquire), FormatDuration(r.ProcessCPU), cpuText(r.ServerCPU), conns, r.HeapPerLease, r.Lost,
 			FormatDuration(r.Release))
 	}
