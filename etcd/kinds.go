@@ -284,6 +284,9 @@ func (d *driver) acquireKind(ctx context.Context, req dlockdriver.Request) (*dlo
 // the watch ended otherwise (a compaction, a lost leader, a reconnection):
 // the semaphore must be read again.
 func (w *waiter) watchPermits(ctx context.Context, gone <-chan error) (free bool, err error) {
+	if beforeWatch != nil {
+		beforeWatch(w.k.prefix)
+	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wc := w.d.c.Watch(wctx, w.k.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.seen+1),

@@ -29,7 +29,8 @@ const cleanupTimeout = time.Second
 // Test hooks, nil outside tests.
 var (
 	// beforeWatch runs between the read that found a waiter's predecessor
-	// and the watch on it.
+	// and the watch on it (for a permit's waiter: on the semaphore's
+	// prefix).
 	beforeWatch func(pred string)
 	// watchEnded runs when a waiter's watch ends without the deletion it
 	// waits for (compaction, lost leader, closed stream).
