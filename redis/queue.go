@@ -122,6 +122,9 @@ func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wai
 // above the counter that request saw, so a message from an older grant
 // (delayed past that grant's expiry) is not mistaken for a new one.
 func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *dlockdriver.Grant, err error) {
+	if req.Kind != dlockdriver.KindLock {
+		return q.acquireKind(ctx, req)
+	}
 	d := q.driver
 	keys := d.keys(req.Name)
 	channel := keys[0] + ":released"

@@ -172,10 +172,13 @@ func newID() string {
 
 func (d *driver) Capabilities() dlock.Capabilities {
 	return dlock.Capabilities{
-		Fencing:      !d.compat,
-		FIFO:         !d.compat,
-		NotifiedWait: true,
-		MinTTL:       MinTTL,
+		Fencing:       !d.compat,
+		FIFO:          !d.compat,
+		NotifiedWait:  true,
+		MinTTL:        MinTTL,
+		Semaphore:     !d.compat,
+		PermitFencing: !d.compat,
+		RWLock:        !d.compat,
 	}
 }
 
@@ -205,6 +208,12 @@ func millis(ttl time.Duration) int64 {
 // not. (In the compat layout a plain SET NX PX costs the same when the lock
 // is free, but needs a second round trip for the holder's PTTL when not.)
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	if req.Kind != dlockdriver.KindLock {
+		if d.compat {
+			return nil, fmt.Errorf("%w: redis: the compat layout has no %s", errors.ErrUnsupported, req.Kind)
+		}
+		return d.tryKind(ctx, req, req.Wait)
+	}
 	keys := d.keys(req.Name)
 	token := any(req.Token) // boxed once for every call of the lease
 	if d.compat {
@@ -255,6 +264,9 @@ func busy(n int64) error {
 // attempt delayed in the network past its abandon still takes the lock,
 // which then lasts until its TTL.
 func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
+	if req.Kind != dlockdriver.KindLock {
+		return d.abandonKind(ctx, req, "")
+	}
 	keys := d.keys(req.Name)
 	if err := releaseScript.Run(ctx, d.c, keys, req.Token).Err(); err != nil {
 		return fmt.Errorf("redis: abandoning an attempt on %q: %w", keys[0], err)
