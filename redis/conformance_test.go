@@ -99,7 +99,7 @@ func stateKeys(name string) []string {
 	b := redis.DefaultKeyPrefix + "{" + name + "}"
 	return []string{b, b + ":queue", b + ":waiters",
 		b + ":permits", b + ":permits:limit",
-		b + ":rw:readers", b + ":rw:writer", b + ":rw:waits"}
+		b + ":rw:readers", b + ":rw:writer", b + ":rw:waits", b + ":meta"}
 }
 
 // ownServer is a harness on a server of the test's own, which the suite's

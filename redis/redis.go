@@ -179,18 +179,19 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		Semaphore:     !d.compat,
 		PermitFencing: !d.compat,
 		RWLock:        !d.compat,
+		Metadata:      !d.compat,
 	}
 }
 
 // keys returns the keys of name: in the compat layout just the lock key; in
-// the default layout the lock, the fencing counter, the queue and the waiter
-// entries, in the order the scripts take them.
+// the default layout the lock, the fencing counter, the queue, the waiter
+// entries and the holder's metadata, in the order the scripts take them.
 func (d *driver) keys(name string) []string {
 	if d.compat {
 		return []string{d.prefix + name}
 	}
 	lock := d.prefix + "{" + name + "}"
-	return []string{lock, lock + ":fence", lock + ":queue", lock + ":waiters"}
+	return []string{lock, lock + ":fence", lock + ":queue", lock + ":waiters", lock + ":meta"}
 }
 
 // channel is the pub/sub channel on which releases of name are announced.
@@ -225,21 +226,26 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		if n <= 0 {
 			return nil, busy(n)
 		}
-		return d.grant(keys, token, px, 0), nil
+		return d.grant(keys, token, px, 0, false), nil
 	}
-	r, err := d.acquire(ctx, keys, token, req.TTL, 0)
+	r, err := d.acquire(ctx, keys, token, req.TTL, 0, req.Metadata)
 	if err != nil {
 		return nil, err
 	}
 	if r.kind == replyBusy {
 		return nil, busy(r.busy)
 	}
-	return d.grant(keys, token, r.px, r.fence), nil
+	return d.grant(keys, token, r.px, r.fence, req.Metadata != ""), nil
 }
 
-func (d *driver) grant(keys []string, token any, px int64, fence uint64) *dlockdriver.Grant {
+// grant is a lock's grant; meta: the lease stored metadata (default layout).
+func (d *driver) grant(keys []string, token any, px int64, fence uint64, meta bool) *dlockdriver.Grant {
+	h := &handle{d: d, keys: keys, token: token, refreshKeys: keys[:1]}
+	if meta {
+		h.meta, h.refreshKeys = true, []string{keys[0], keys[4]}
+	}
 	return &dlockdriver.Grant{
-		Handle: &handle{d: d, keys: keys, token: token},
+		Handle: h,
 		TTL:    time.Duration(px) * time.Millisecond,
 		Fence:  fence,
 	}
@@ -268,7 +274,7 @@ func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
 		return d.abandonKind(ctx, req, "")
 	}
 	keys := d.keys(req.Name)
-	if err := releaseScript.Run(ctx, d.c, keys, req.Token).Err(); err != nil {
+	if err := d.release(ctx, keys, req.Token, req.Metadata != "" && !d.compat).Err(); err != nil {
 		return fmt.Errorf("redis: abandoning an attempt on %q: %w", keys[0], err)
 	}
 	return nil
@@ -356,16 +362,27 @@ func (d *driver) Close() error {
 	return err
 }
 
+// release runs release.lua for token; meta: the lease (or the wait) has
+// metadata.
+func (d *driver) release(ctx context.Context, keys []string, token any, meta bool) *goredis.Cmd {
+	if meta {
+		return releaseScript.Run(ctx, d.c, keys, token, "m")
+	}
+	return releaseScript.Run(ctx, d.c, keys, token)
+}
+
 // handle is one held lease: its keys and token.
 type handle struct {
-	d     *driver
-	keys  []string // the layout's keys, lock key first
-	token any      // the lease token, a string
+	d           *driver
+	keys        []string // the layout's keys, lock key first
+	token       any      // the lease token, a string
+	meta        bool     // the lease stored metadata (default layout)
+	refreshKeys []string // the lock key, and the metadata key when meta
 }
 
 func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	px := millis(ttl)
-	n, err := refreshScript.Run(ctx, h.d.c, h.keys[:1], h.token, px).Int64()
+	n, err := refreshScript.Run(ctx, h.d.c, h.refreshKeys, h.token, px).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("redis: refreshing %q: %w", h.keys[0], err)
 	}
@@ -376,7 +393,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 }
 
 func (h *handle) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, h.d.c, h.keys, h.token).Int64()
+	n, err := h.d.release(ctx, h.keys, h.token, h.meta).Int64()
 	if err != nil {
 		return fmt.Errorf("redis: releasing %q: %w", h.keys[0], err)
 	}
