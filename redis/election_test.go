@@ -163,3 +163,42 @@ func TestElectionHandover(t *testing.T) {
 		t.Errorf("Leader after the last resignation = %+v, %v; want none", ld, err)
 	}
 }
+
+// A leader that resigns with nobody queued is seen gone by Observe at
+// once (its release publishes on the name's channel), not at its TTL.
+func TestObserveSeesResignation(t *testing.T) {
+	ctx, _, p, l := kindsSetup(t)
+	lo := newLocker(t, newClient(t, redisAddr(t)), &redis.Options{KeyPrefix: p})
+	lead, err := l.Elect(ctx, "ctl", "a", &dlock.Options{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c, err := lo.Observe(octx, "ctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ld := <-c; !ld.Held || ld.Candidate != "a" {
+		t.Fatalf("first report %+v; want a leading", ld)
+	}
+	time.Sleep(50 * time.Millisecond) // let Observe watch and wait
+	resigned := time.Now()
+	if err := lead.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ld := <-c:
+		if ld.Held {
+			t.Errorf("after the resignation Observe reports %+v; want nobody", ld)
+		}
+		if d := time.Since(resigned); d > 5*time.Second {
+			t.Errorf("Observe reported the resignation after %v; want at once (TTL 30s)", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Observe did not report the resignation within 10s (TTL 30s)")
+	}
+	cancel()
+	for range c {
+	}
+}

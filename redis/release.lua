@@ -31,7 +31,12 @@
 -- Metadata (see acquire.lua): with ARGV[2] it deletes KEYS[5] when it
 -- deletes the lock, and the token's "m:" field with its entry; a handoff to
 -- a waiter whose entry is marked sets KEYS[5] for it. Without ARGV[2] and
--- with no marked entry at the head it touches neither.
+-- with no marked entry at the head it touches neither. A holder with
+-- metadata (a leader) also publishes an empty message on the release
+-- channel once it released, whether it handed the lock on or not, so that
+-- those who watch the name (Locker.Observe) look again at once; waiters
+-- woken by it look again too, which costs a round trip each, for metadata
+-- holders only.
 --
 -- A failed PUBLISH (an ACL user without rights on the channel) does not fail
 -- the release, which has happened by then: waiters fall back to polling.
@@ -78,6 +83,9 @@ end
 local head = redis.call("ZRANGE", KEYS[3], 0, 0)
 if #head == 0 then
 	redis.call("DEL", KEYS[1])
+	if ARGV[2] then
+		redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
+	end
 	return 1
 end
 local t = redis.call("TIME")
@@ -111,6 +119,9 @@ for _ = 1, 100 do
 				ch = KEYS[1] .. ":released"
 			end
 			redis.pcall("PUBLISH", ch, string.format("g:%s:%d", w, f))
+			if ARGV[2] then
+				redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
+			end
 			return 1
 		end
 	end
