@@ -190,8 +190,26 @@ func (d *driver) keys(name string) []string {
 	if d.compat {
 		return []string{d.prefix + name}
 	}
-	lock := d.prefix + "{" + name + "}"
-	return []string{lock, lock + ":fence", lock + ":queue", lock + ":waiters", lock + ":meta"}
+	// One allocation for the five names, each a substring of it (the
+	// acquire and release scripts take them on every call).
+	lock := len(d.prefix) + len(name) + 2
+	var b strings.Builder
+	b.Grow(5*lock + len(":fence:queue:waiters:meta"))
+	for _, suffix := range [...]string{"", ":fence", ":queue", ":waiters", ":meta"} {
+		b.WriteString(d.prefix)
+		b.WriteByte('{')
+		b.WriteString(name)
+		b.WriteByte('}')
+		b.WriteString(suffix)
+	}
+	all := b.String()
+	keys := make([]string, 5)
+	at := 0
+	for i, n := range [...]int{0, len(":fence"), len(":queue"), len(":waiters"), len(":meta")} {
+		keys[i] = all[at : at+lock+n]
+		at += lock + n
+	}
+	return keys
 }
 
 // channel is the pub/sub channel on which releases of name are announced.
