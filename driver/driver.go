@@ -66,7 +66,9 @@ type Pinger interface {
 // Waiter is implemented by drivers whose backend queues waiters itself (etcd
 // and ZooKeeper queues, PostgreSQL's lock queue). Acquire blocks until the lock
 // is granted or ctx ends; on return without a grant it must leave no waiter
-// state behind on the server.
+// state behind on the server. The Locker calls it for every kind the driver
+// declares, so it waits for permits and read/write locks too (the Locker's
+// polling, and with it WatchWait, is never used for a Waiter).
 type Waiter interface {
 	Acquire(ctx context.Context, req Request) (*Grant, error)
 }
