@@ -82,7 +82,7 @@ func (ls *Lease) start(sent time.Time) {
 	ls.l.sched.schedule(&ls.deadline, ls.validUntil)
 	if !ls.opts.NoRefresh {
 		ls.tick = leaseTask(ls, (*Lease).onTick)
-		ls.l.sched.schedule(&ls.tick, sent.Add(ls.interval()))
+		ls.scheduleTick(sent)
 	}
 	if ls.lost != nil && ls.notifier == nil { // else see watchLoss
 		ls.l.bg.Add(1)
@@ -160,6 +160,13 @@ func (ls *Lease) onTick() {
 	err := ls.refresh(ctx, ttl)
 	cancel()
 	<-ls.ops
+	ls.afterTick(err, until)
+}
+
+// afterTick handles the outcome of a watchdog refresh whose lease was valid
+// until until: a failure that did not lose the lock is reported and the
+// refresh tried again sooner, with backoff.
+func (ls *Lease) afterTick(err error, until time.Time) {
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		return // refresh rescheduled the tick, or the lease has ended
 	}
@@ -279,6 +286,12 @@ func (ls *Lease) unlockOps() { <-ls.ops }
 func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	sent := time.Now()
 	granted, err := ls.h.Refresh(ctx, ttl)
+	return ls.applyRefresh(sent, ttl, granted, err)
+}
+
+// applyRefresh applies the outcome of a refresh of ttl sent at sent; ls.ops
+// is held.
+func (ls *Lease) applyRefresh(sent time.Time, ttl, granted time.Duration, err error) error {
 	if err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			err = fmt.Errorf("%w: refresh of %q: %w", ErrLost, ls.name, err)
@@ -300,9 +313,17 @@ func (ls *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	ls.l.sched.schedule(&ls.deadline, ls.validUntil)
 	ls.backoff = ls.opts.RetryMin
 	if ls.tick.run != nil && !ls.refreshStopped {
-		ls.l.sched.schedule(&ls.tick, sent.Add(ls.interval()))
+		ls.scheduleTick(sent)
 	}
 	return nil
+}
+
+// scheduleTick schedules the watchdog's next refresh an interval after
+// sent, which may run up to a tenth of the interval early with others in a
+// batch; ls.mu held or not yet shared.
+func (ls *Lease) scheduleTick(sent time.Time) {
+	iv := ls.interval()
+	ls.l.sched.scheduleSlack(&ls.tick, sent.Add(iv), iv/10)
 }
 
 // interval is the watchdog period for the current TTL; ls.mu held or not yet

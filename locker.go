@@ -33,6 +33,9 @@ func New(d driver.Driver, defaults *Options) (*Locker, error) {
 	l.abandoner, _ = d.(driver.Abandoner)
 	l.notifier, _ = d.(driver.Notifier)
 	l.waitNotifier, _ = d.(driver.WaitNotifier)
+	if _, ok := d.(driver.BatchRefresher); ok {
+		l.sched.batch = l.refreshBatch
+	}
 	l.waits = make(map[context.Context]context.CancelCauseFunc)
 	l.closing, l.cancelClosing = context.WithCancelCause(context.Background())
 	return l, nil

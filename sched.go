@@ -21,6 +21,11 @@ import (
 // Every due task runs in a goroutine of its own, counted in wg, so a refresh
 // that hangs never delays an end at ValidUntil; close stops the timer, after
 // which no task starts, and waits for the ones running.
+//
+// With batch set (a driver that refreshes many leases in one request), the
+// watchdog ticks that are due, and those due within their slack, start
+// together in one goroutine running batch; their next ticks then fall due
+// together again.
 type sched struct {
 	mu     sync.Mutex
 	tasks  taskHeap
@@ -28,6 +33,7 @@ type sched struct {
 	armed  time.Time // when timer fires; zero when it is stopped
 	closed bool
 	wg     sync.WaitGroup
+	batch  func([]*Lease) // set before the first task, never changed
 }
 
 // task is a function to run at a time; at most one run is pending. A
@@ -38,20 +44,30 @@ type task struct {
 	run func(*Lease)
 	ls  *Lease
 	i   int // index in the heap; -1 when not scheduled
+	// slack, for a watchdog tick, is how much earlier than at it may run
+	// with others in a batch; zero for other tasks.
+	slack time.Duration
 }
+
+// maxSlack bounds task.slack.
+const maxSlack = 50 * time.Millisecond
 
 func newTask(f func()) *task { return &task{run: func(*Lease) { f() }, i: -1} }
 
 func leaseTask(ls *Lease, run func(*Lease)) task { return task{run: run, ls: ls, i: -1} }
 
 // schedule (re)schedules t to run at at, replacing a pending run.
-func (s *sched) schedule(t *task, at time.Time) {
+func (s *sched) schedule(t *task, at time.Time) { s.scheduleSlack(t, at, 0) }
+
+// scheduleSlack is schedule for a task that may run up to slack (at most
+// maxSlack) before at in a batch.
+func (s *sched) scheduleSlack(t *task, at time.Time, slack time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return
 	}
-	t.at = at
+	t.at, t.slack = at, min(slack, maxSlack)
 	if t.i >= 0 {
 		heap.Fix(&s.tasks, t.i)
 	} else {
@@ -90,12 +106,40 @@ func (s *sched) fire() {
 		return
 	}
 	now := time.Now()
-	for len(s.tasks) > 0 && !s.tasks[0].at.After(now) {
-		t := heap.Pop(&s.tasks).(*task)
+	var batch, later []*task
+	for len(s.tasks) > 0 {
+		t := s.tasks[0]
+		switch {
+		case !t.at.After(now) && (s.batch == nil || t.slack == 0):
+			heap.Pop(&s.tasks)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				t.run(t.ls)
+			}()
+			continue
+		case s.batch == nil || t.at.After(now.Add(maxSlack)):
+		case t.slack > 0 && !t.at.Add(-t.slack).After(now):
+			batch = append(batch, heap.Pop(&s.tasks).(*task))
+			continue
+		default: // not due yet: put back below
+			later = append(later, heap.Pop(&s.tasks).(*task))
+			continue
+		}
+		break
+	}
+	for _, t := range later {
+		heap.Push(&s.tasks, t)
+	}
+	if len(batch) > 0 {
+		lss := make([]*Lease, len(batch))
+		for i, t := range batch {
+			lss[i] = t.ls
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			t.run(t.ls)
+			s.batch(lss)
 		}()
 	}
 	s.armed = time.Time{}

@@ -353,15 +353,28 @@ func testSemaphoreExpiry(s *suite) {
 	if granted.Before(validUntil) {
 		s.t.Fatalf("a permit of limit 1 was granted %v before the black-holed holder's ValidUntil", validUntil.Sub(granted))
 	}
-	select {
-	case <-ls.Done():
-	case <-time.After(time.Until(validUntil) + s.tol()):
-		s.t.Fatalf("the black-holed holder's permit did not end by its ValidUntil (+%v)", s.tol())
-	}
+	s.endsBy(ls, validUntil, "the black-holed holder's permit")
 	if !errors.Is(ls.Err(), dlock.ErrLost) {
 		s.t.Fatalf("holder's Err = %v; want ErrLost", ls.Err())
 	}
 	s.release(got)
+}
+
+// endsBy fails the test unless ls has ended, or ends by validUntil plus
+// the tolerance. (Looked at first without waiting: when that time has
+// passed already, a select on both would pick either at random.)
+func (s *suite) endsBy(ls *dlock.Lease, validUntil time.Time, what string) {
+	s.t.Helper()
+	select {
+	case <-ls.Done():
+		return
+	default:
+	}
+	select {
+	case <-ls.Done():
+	case <-time.After(max(time.Until(validUntil)+s.tol(), 0)):
+		s.t.Fatalf("%s did not end by its ValidUntil (+%v%s)", what, s.tol(), s.scaled())
+	}
 }
 
 func testRWExclusion(s *suite) {
@@ -583,11 +596,7 @@ func testRWExpiry(s *suite) {
 	if granted := time.Now(); granted.Before(validUntil) {
 		s.t.Fatalf("a reader got in %v before the black-holed writer's ValidUntil", validUntil.Sub(granted))
 	}
-	select {
-	case <-w.Done():
-	case <-time.After(time.Until(validUntil) + s.tol()):
-		s.t.Fatalf("the black-holed writer's lease did not end by its ValidUntil (+%v)", s.tol())
-	}
+	s.endsBy(w, validUntil, "the black-holed writer's lease")
 	s.release(r)
 }
 
@@ -730,10 +739,6 @@ func testElectionFailover(s *suite) {
 	if termB, _ := lb.Fence(); termB <= termA {
 		s.t.Fatalf("b's term %d is not above a's %d", termB, termA)
 	}
-	select {
-	case <-la.Done():
-	case <-time.After(time.Until(validUntil) + s.tol()):
-		s.t.Fatalf("the black-holed leader's leadership did not end by its ValidUntil (+%v)", s.tol())
-	}
+	s.endsBy(la, validUntil, "the black-holed leader's leadership")
 	s.release(lb)
 }

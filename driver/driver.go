@@ -66,7 +66,9 @@ type Pinger interface {
 // Waiter is implemented by drivers whose backend queues waiters itself (etcd
 // and ZooKeeper queues, PostgreSQL's lock queue). Acquire blocks until the lock
 // is granted or ctx ends; on return without a grant it must leave no waiter
-// state behind on the server.
+// state behind on the server. The Locker calls it for every kind the driver
+// declares, so it waits for permits and read/write locks too (the Locker's
+// polling, and with it WatchWait, is never used for a Waiter).
 type Waiter interface {
 	Acquire(ctx context.Context, req Request) (*Grant, error)
 }
@@ -166,6 +168,22 @@ type LossNotifier interface {
 	// already. The Locker calls OnLost once, holding none of its locks; f
 	// does not block and calls nothing of the driver's.
 	OnLost(f func())
+}
+
+// BatchRefresher is implemented by drivers that can refresh many leases in
+// one request (one script over many keys, one statement over many rows).
+// The Locker then gathers its leases' watchdog refreshes that fall due
+// within a short window (a tenth of their refresh interval, at most 50ms,
+// early rather than late) and sends them together: with thousands of
+// leases, a few requests per interval instead of one per lease.
+type BatchRefresher interface {
+	// RefreshBatch refreshes each hs[i], one of this driver's Handles, to
+	// ttls[i] from now, as hs[i].Refresh would, and returns per handle what
+	// that would have: the TTL granted (zero: as asked) and the error
+	// (ErrNotHeld for a lock that is no longer the handle's). A request
+	// that fails as a whole fails every handle's refresh with its error.
+	// Both slices have len(hs) entries.
+	RefreshBatch(ctx context.Context, hs []Handle, ttls []time.Duration) (granted []time.Duration, errs []error)
 }
 
 // Handle is the driver's side of one held lease.

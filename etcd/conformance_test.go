@@ -41,15 +41,22 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 	return l, p
 }
 
-// Residue lists the keys under the name's queue prefix: locks and waiters.
+// Residue lists the keys of the name in every namespace: the lock's queue,
+// the semaphore's and the read/write lock's keys (holders and waiters).
 func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
-	resp, err := h.raw.Get(ctx, etcd.MutexName(h.prefix, name)+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		return nil, err
-	}
 	var left []string
-	for _, kv := range resp.Kvs {
-		left = append(left, string(kv.Key))
+	for _, p := range []string{
+		etcd.MutexName(h.prefix, name) + "/",
+		etcd.SemaphorePrefix(h.prefix, name),
+		etcd.RWMutexName(h.prefix, name) + "/",
+	} {
+		resp, err := h.raw.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range resp.Kvs {
+			left = append(left, string(kv.Key))
+		}
 	}
 	return left, nil
 }

@@ -1,6 +1,7 @@
 // Package etcd is the dlock driver for etcd v3: locks that survive a member
 // failure and a leader change, granted in FIFO order and fenced by the lock
-// key's create revision.
+// key's create revision; semaphores, read/write locks and leader elections
+// on the same queue design.
 //
 //	import _ "github.com/dlock/dlock/etcd"
 //
@@ -19,9 +20,14 @@
 //     holder's key lingers up to about half a second past it.
 //   - TTLs are whole seconds, at least 1s, raised by etcd to its minimum (2s
 //     by default): Lease.TTL reports the TTL granted.
+//   - Semaphores (Locker.Semaphore), read/write locks (Locker.RWLock) and
+//     leader elections (Locker.Elect): FIFO, notified, fenced by create
+//     revision (permits and writers; an election's term); see Primitives.
 //
 // dlock's locks and concurrency.Mutex / `etcdctl lock` on the same prefix
-// exclude each other (see MutexName). The sections below are the details.
+// exclude each other (see MutexName); so do dlock's read/write locks and
+// recipe.RWMutex (see RWMutexName), and dlock's elections and
+// concurrency.Election. The sections below are the details.
 //
 // # URLs
 //
@@ -135,6 +141,68 @@
 // created its key; the Locker then revokes that attempt's etcd lease, which
 // deletes the key.
 //
+// # Primitives
+//
+// Semaphores, read/write locks and elections are built like the lock: one
+// key per lease and per waiter, bound to an etcd lease of its own, ordered
+// by create revision, so everything above (TTLs, refresh and loss,
+// release by create revision, expiry, faults, cancelled waits deleting
+// their key) holds for them too. Capabilities declares Semaphore,
+// PermitFencing, RWLock and Metadata.
+//
+// Semaphore: the holders of a semaphore of limit L are the L keys with the
+// lowest create revisions under its prefix; every other key is a waiter, in
+// arrival order (FIFO). Each key's value is the limit, and a key is put
+// only if every key already there carries the same value (one transaction
+// comparing the values under the prefix), so all keys of a semaphore agree
+// on its limit: an acquisition under another limit fails with an error
+// matching dlock.ErrLimitMismatch, naming the holders' limit, and puts
+// nothing. TryAcquire puts its key only if fewer than L keys are there: one
+// transaction on an empty semaphore; otherwise a read, then a transaction
+// that puts the key only if no key was created since the read (a deletion
+// meanwhile only frees a permit), so it never jumps the queue. A waiter
+// puts its key and counts the keys in the same transaction; while L or
+// more are older than its own, it watches the deletions under the prefix
+// from the revision after its read and counts those of older keys (they go
+// away in any order, releases and expiries alike; no older key can
+// appear), and holds when fewer than L are left, with no further round
+// trip. Every waiter of a semaphore hears every deletion under it (one
+// watch event each, no read); a watch broken by a compaction or a lost
+// leader is replaced after a fresh count. Options.Metadata is not stored
+// for permits (the value is the limit).
+//
+// Permit fencing: Lease.Fence of a permit is its key's create revision.
+// Since a key holds exactly when fewer than L keys are older, and older
+// keys only go away, a key never holds before an older one: permits are
+// granted in create-revision order, and their tokens strictly increase with
+// the grants of the semaphore (Capabilities.PermitFencing). With L > 1,
+// up to L holders are valid at once, each with its own token.
+//
+// Read/write lock: readers' and writers' keys under one prefix (the layout
+// of etcd's recipe.RWMutex). A reader holds when no writer's key has a
+// lower create revision than its own; a writer when its key is the lowest
+// of all. TryRLock puts its key only if there is no writer's key, TryLock
+// only if there is no key at all. A waiter watches the deletion of the
+// nearest key that blocks it (a reader: the newest older writer's key; a
+// writer: the newest older key), reads again when that was not the last
+// one, and holds at once when it was. A waiting writer's key keeps every
+// later reader out (writers are not starved), readers already holding keep
+// the lock until they leave, and a writer that gives up deletes its key,
+// which lets the readers behind it in. Fencing covers writers: a writer's
+// token is its key's create revision, which increases with every write
+// grant of the name (writers hold one after another in create-revision
+// order). Readers carry no token. Options.Metadata is the key's value.
+//
+// Leader election: Locker.Elect is the lock of the election's name with the
+// candidate id as the key's value (Capabilities.Metadata): Leader and
+// Observe read the lowest key under the name (Inspect), its value is the
+// candidate and its create revision the term; Since is zero (etcd records
+// revisions, not times). This is the layout of concurrency.Election on
+// MutexName: dlock's and etcd's candidates campaign in one queue, and each
+// side's Leader names the other's leader. The driver is a Notifier: Observe
+// watches deletions under the name and hears a leader's resignation or
+// expiry when etcd deletes its key.
+//
 // # Layout
 //
 // With P the key prefix (default "dlock/") and N the lock name with every
@@ -143,6 +211,23 @@
 //	P N/<token>     one key per lease and per waiter, value Options.Metadata,
 //	                bound to an etcd lease of its own; <token> is the
 //	                lease's 32-hex-digit token (Lease.Token)
+//	P %semaphore/N/<token>
+//	                a permit's key, holder's or waiter's, value the
+//	                semaphore's limit in decimal
+//	P %rwlock/N/read/<token>
+//	P %rwlock/N/write/<token>
+//	                a reader's and a writer's key, holder's or waiter's,
+//	                value Options.Metadata
+//
+// An escaped name never has a path component "%semaphore" or "%rwlock" (a
+// "%" in it is always followed by "25" or "2F"), so the three kinds are
+// independent namespaces: a lock, a semaphore and a read/write lock of one
+// name never see each other's keys, and Names (dlock inspect) lists locks
+// only. recipe.NewRWMutex(session, RWMutexName(P, N)) uses the read/write
+// lock's layout (its keys end in a time instead of a token); note that it
+// orders keys by mod revision, which a dlock Refresh to a longer TTL moves
+// (the key is put again on a new etcd lease), so mix the two only with
+// refreshes that keep the TTL.
 //
 // The holder is the key with the lowest create revision under "P N/". This
 // is the layout of go.etcd.io/etcd/client/v3/concurrency.Mutex and of
@@ -150,8 +235,9 @@
 // N excludes concurrency.NewMutex(session, P+N) and `etcdctl lock P+N`, and
 // they exclude it, in one FIFO queue (MutexName computes P+N). Their keys
 // are told apart from dlock's by length. Nothing else is stored, and nothing
-// stays behind once a name's locks and waiters are gone (the fencing token
-// needs no counter: revisions only grow).
+// stays behind once a name's leases and waiters are gone, in any of the
+// three namespaces (the fencing token needs no counter: revisions only
+// grow).
 //
 // Deleting these keys by hand breaks the lock like deleting any lock's
 // state: a holder whose key is deleted learns it at its next refresh and

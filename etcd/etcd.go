@@ -109,6 +109,10 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		MinTTL:          MinTTL,
 		SurvivesRestart: true,
 		ExpirySlack:     ExpirySlack,
+		Metadata:        true,
+		Semaphore:       true,
+		PermitFencing:   true,
+		RWLock:          true,
 	}
 }
 
@@ -126,6 +130,9 @@ func (d *driver) keys(name, token string) keys {
 // TryAcquire is one transaction: put the key if there is no key at all under
 // the name.
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	if req.Kind != dlockdriver.KindLock {
+		return d.tryKind(ctx, req)
+	}
 	k := d.keys(req.Name, req.Token)
 	for retried := false; ; retried = true {
 		l, err := d.takeLease(ctx, seconds(req.TTL))
@@ -170,7 +177,7 @@ func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
 	l := d.attempts[req.Token]
 	delete(d.attempts, req.Token)
 	d.mu.Unlock()
-	k := d.keys(req.Name, req.Token)
+	k := d.kindKeys(req)
 	if l != nil {
 		if _, err := d.c.Revoke(ctx, l.id); err != nil && !leaseGone(err) {
 			return fmt.Errorf("etcd: abandoning an attempt on %q: %w", k.prefix, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/dlock/dlock/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
 )
 
 // Open a Locker from a URL: three endpoints, keys under "/locks/", a 10s
@@ -63,4 +64,53 @@ func ExampleMutexName() {
 		log.Fatal(err)
 	}
 	defer m.Unlock(context.Background())
+}
+
+// A dlock read/write lock and etcd's recipe.RWMutex exclude each other when
+// the RWMutex is made with RWMutexName.
+func ExampleRWMutexName() {
+	client, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	s, err := concurrency.NewSession(client)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	m := recipe.NewRWMutex(s, etcd.RWMutexName("/locks/", "config")) // "/locks/%rwlock/config"
+	if err := m.RLock(); err != nil {
+		log.Fatal(err)
+	}
+	defer m.RUnlock()
+}
+
+// An etcd concurrency.Election and dlock's Elect on the same name campaign
+// in one queue; dlock's Leader names an etcd candidate too.
+func ExampleMutexName_election() {
+	client, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	l, err := etcd.New(client, &etcd.Options{KeyPrefix: "/locks/"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	s, err := concurrency.NewSession(client)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	e := concurrency.NewElection(s, etcd.MutexName("/locks/", "scheduler"))
+	if err := e.Campaign(context.Background(), "host-a"); err != nil {
+		log.Fatal(err)
+	}
+	ld, err := l.Leader(context.Background(), "scheduler")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(ld.Candidate, ld.Term == uint64(e.Rev()))
 }

@@ -9,3 +9,8 @@ func SetHooks(before func(pred string), ended func(clientv3.WatchResponse)) (res
 	beforeWatch, watchEnded = before, ended
 	return func() { beforeWatch, watchEnded = pb, pe }
 }
+
+// SemaphorePrefix is the prefix of the keys of the semaphore name.
+func SemaphorePrefix(keyPrefix, name string) string {
+	return keyPrefix + semaphoreSpace + escape(name) + "/"
+}

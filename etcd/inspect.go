@@ -43,9 +43,10 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 	return info, nil
 }
 
-// Names lists the names held or waited on that begin with prefix
+// Names lists the lock names held or waited on that begin with prefix
 // (dlockdriver.Lister): the first path component under the key prefix of
-// each key there.
+// each key there, but for the namespaces of semaphores and read/write
+// locks.
 func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
 	from := d.prefix + escape(prefix)
 	resp, err := d.c.Get(ctx, from, clientv3.WithPrefix(), clientv3.WithKeysOnly())
@@ -56,8 +57,8 @@ func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
 	for _, kv := range resp.Kvs {
 		rest := strings.TrimPrefix(string(kv.Key), d.prefix)
 		esc, _, ok := strings.Cut(rest, "/")
-		if !ok {
-			continue
+		if !ok || esc+"/" == semaphoreSpace || esc+"/" == rwlockSpace {
+			continue // not a lock's key
 		}
 		names = append(names, unescape(esc))
 	}

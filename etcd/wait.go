@@ -29,7 +29,8 @@ const cleanupTimeout = time.Second
 // Test hooks, nil outside tests.
 var (
 	// beforeWatch runs between the read that found a waiter's predecessor
-	// and the watch on it.
+	// and the watch on it (for a permit's waiter: on the semaphore's
+	// prefix).
 	beforeWatch func(pred string)
 	// watchEnded runs when a waiter's watch ends without the deletion it
 	// waits for (compaction, lost leader, closed stream).
@@ -48,17 +49,31 @@ type waiter struct {
 	l     *lease
 	value string
 
+	kind dlockdriver.Kind
+	// blockers is the prefix of the keys that keep it waiting while one of
+	// them has a lower create revision than its own: the lock's queue, or
+	// see blockers (kinds.go). Unused for a permit.
+	blockers string
+
 	// What the last read said: the predecessor's key, whether it was the
 	// holder then, and the revision of the read.
 	pred        string
 	predIsFirst bool
 	seen        int64
+
+	// A permit's waiter: the semaphore's limit and how many keys have a
+	// lower create revision than its own, as of seen and the deletions
+	// watched since.
+	limit, ahead int
 }
 
 // Acquire puts the waiter's key and, when the name is taken, reads its
 // predecessor in the same transaction, then waits for its predecessors to
 // go (see the package doc).
 func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	if req.Kind != dlockdriver.KindLock {
+		return d.acquireKind(ctx, req)
+	}
 	k := d.keys(req.Name, req.Token)
 	keysOnly := clientv3.WithKeysOnly()
 	var (
@@ -95,7 +110,7 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 		cancel()
 		return nil, d.waitError(ctx, k, err)
 	}
-	w := &waiter{d: d, k: k, rev: resp.Header.Revision, l: l, value: req.Metadata, seen: resp.Header.Revision}
+	w := &waiter{d: d, k: k, rev: resp.Header.Revision, l: l, value: req.Metadata, seen: resp.Header.Revision, blockers: k.prefix}
 	if resp.Succeeded {
 		return w.grant(), nil
 	}
@@ -128,7 +143,7 @@ func (d *driver) waitError(ctx context.Context, k keys, err error) error {
 }
 
 func (w *waiter) grant() *dlockdriver.Grant {
-	return w.d.grant(w.k, w.rev, w.value, w.l)
+	return w.d.kindGrant(w.kind, w.k, w.rev, w.value, w.l)
 }
 
 // leave deletes the waiter's key, if it is still there, after a wait that
@@ -189,7 +204,17 @@ func (w *waiter) wait(ctx context.Context) (*dlockdriver.Grant, error) {
 	watch := true // false: read the queue again first
 	for {
 		if watch {
-			deleted, err := w.watch(ctx, gone)
+			var free bool
+			var err error
+			if w.kind == dlockdriver.KindPermit {
+				free, err = w.watchPermits(ctx, gone)
+			} else {
+				var deleted bool
+				deleted, err = w.watch(ctx, gone)
+				// The last blocker's key is gone and none older than ours
+				// can appear.
+				free = deleted && w.predIsFirst
+			}
 			if err != nil {
 				if err := pause(err); err != nil {
 					return nil, err
@@ -197,13 +222,18 @@ func (w *waiter) wait(ctx context.Context) (*dlockdriver.Grant, error) {
 				watch = false
 				continue
 			}
-			if deleted && w.predIsFirst && time.Now().Before(w.l.validUntil()) {
-				// The holder's key is gone and none older than ours can
-				// appear: ours is first, and alive.
+			if free && time.Now().Before(w.l.validUntil()) {
+				// Ours holds, and is alive.
 				return w.grant(), nil
 			}
 		}
-		first, err := w.query(ctx)
+		var first bool
+		var err error
+		if w.kind == dlockdriver.KindPermit {
+			first, err = w.queryPermits(ctx)
+		} else {
+			first, err = w.query(ctx)
+		}
 		if err == nil && !first {
 			backoff, watch = retryMin, true
 			continue
@@ -285,14 +315,15 @@ func (w *waiter) watch(ctx context.Context, gone <-chan error) (deleted bool, er
 	}
 }
 
-// query reads the queue again: whether the waiter's key is first, and
-// otherwise its predecessor now. It fails with errWaiterExpired when the
-// waiter's key is gone.
+// query reads the queue again: whether the waiter's key is first (no
+// blocker is older), and otherwise its predecessor now (the newest blocker
+// older than it). It fails with errWaiterExpired when the waiter's key is
+// gone.
 func (w *waiter) query(ctx context.Context) (first bool, err error) {
 	keysOnly := clientv3.WithKeysOnly()
 	resp, err := w.d.c.Txn(ctx).Then(
-		clientv3.OpGet(w.k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
-		clientv3.OpGet(w.k.prefix, append(clientv3.WithLastCreate(), keysOnly, clientv3.WithMaxCreateRev(w.rev-1))...),
+		clientv3.OpGet(w.blockers, append(clientv3.WithFirstCreate(), keysOnly)...),
+		clientv3.OpGet(w.blockers, append(clientv3.WithLastCreate(), keysOnly, clientv3.WithMaxCreateRev(w.rev-1))...),
 		clientv3.OpGet(w.k.key, clientv3.WithCountOnly()),
 	).Commit()
 	if err != nil {
@@ -302,7 +333,7 @@ func (w *waiter) query(ctx context.Context) (first bool, err error) {
 		return false, errWaiterExpired
 	}
 	firstKV := resp.Responses[0].GetResponseRange().GetKvs()
-	if len(firstKV) == 0 || firstKV[0].CreateRevision == w.rev {
+	if len(firstKV) == 0 || firstKV[0].CreateRevision >= w.rev {
 		return true, nil
 	}
 	pred := resp.Responses[1].GetResponseRange().GetKvs()

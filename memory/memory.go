@@ -307,3 +307,44 @@ func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
 	}
 	return nil
 }
+
+// RefreshBatch refreshes many leases in one request over the link
+// (dlockdriver.BatchRefresher).
+func (d *driver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle, ttls []time.Duration) ([]time.Duration, []error) {
+	// A request the link delays may run after do returned: it fills
+	// slices of its own, handed over only when do succeeded.
+	var (
+		mu      sync.Mutex
+		granted []time.Duration
+		errs    []error
+	)
+	err := d.link.do(ctx, func() error {
+		g, e := make([]time.Duration, len(hs)), make([]error, len(hs))
+		s := d.s
+		s.mu.Lock()
+		now := time.Now()
+		for i, h := range hs {
+			if ent := h.(*handle).mine(now); ent != nil {
+				ent.expires = now.Add(ttls[i])
+				g[i] = ttls[i]
+			} else {
+				e[i] = dlock.ErrNotHeld
+			}
+		}
+		s.mu.Unlock()
+		mu.Lock()
+		granted, errs = g, e
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		errs := make([]error, len(hs))
+		for i := range errs {
+			errs[i] = err
+		}
+		return make([]time.Duration, len(hs)), errs
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return granted, errs
+}

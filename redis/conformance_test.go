@@ -77,7 +77,29 @@ func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
 	if len(waiters) > 0 {
 		left = append(left, fmt.Sprintf("%s:waiters %q", lock, waiters))
 	}
+	// The other kinds' keys (their counters persist by design).
+	for _, k := range stateKeys(name)[3:] {
+		n, err := h.raw.Exists(ctx, k).Result()
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			left = append(left, k)
+		}
+	}
 	return left, nil
+}
+
+// stateKeys are the default layout's keys of name that hold state of a
+// lease or a wait, and so must be gone once every lease and wait ended:
+// the lock's (lock, queue, waiters), then the semaphore's (holders, limit)
+// and the read/write lock's (readers, writer, writers' waits); not the
+// fencing counters, which persist by design.
+func stateKeys(name string) []string {
+	b := redis.DefaultKeyPrefix + "{" + name + "}"
+	return []string{b, b + ":queue", b + ":waiters",
+		b + ":permits", b + ":permits:limit",
+		b + ":rw:readers", b + ":rw:writer", b + ":rw:waits", b + ":meta"}
 }
 
 // ownServer is a harness on a server of the test's own, which the suite's

@@ -26,6 +26,10 @@
 //   - Locks survive a restart only with AOF persistence.
 //   - compat=true shares keys with redsync and bsm/redislock (no fencing,
 //     no FIFO), for a migration without a flag day.
+//   - Default layout only: semaphores (with fencing tokens), read/write
+//     locks (writers fenced, waiting writers keep new readers out), and
+//     lock metadata, hence leader election (see Semaphores, read/write
+//     locks and elections).
 //
 // The sections below are the details.
 //
@@ -219,7 +223,108 @@
 // a dlock waiter behind one of their locks retries at the holder's remaining
 // TTL.
 //
-// Lock metadata (Options.Metadata) is not stored.
+// Lock metadata (Options.Metadata), default layout only, with the same P
+// and N, in N's slot:
+//
+//	P{N}:meta       string: "<token>\n<since_ms>\n<metadata>" of a holder
+//	                with metadata, with the lock's expiry (set by the grant,
+//	                extended by the refresh, deleted by the release); no key
+//	                for a holder without metadata
+//
+// and, while a waiter with metadata is queued, its entry in P{N}:waiters
+// is marked ("deadline_ms ttl_msm channel") and its metadata is the field
+// "m:<token>" beside it. The compat layout stores no metadata.
+//
+// Semaphores (default layout), with the same P and N, in N's slot:
+//
+//	P{N}:permits          sorted set: the holders' tokens, scored by their
+//	                      expiry (the server's TIME, ms); expires no sooner
+//	                      than its latest score
+//	P{N}:permits:limit    string: the holders' limit; same expiry; deleted
+//	                      with the last holder
+//	P{N}:permits:fence    integer: the permits' fencing counter, as
+//	                      P{N}:fence (persists)
+//	P{N}:permits:released pub/sub channel: an empty message on every release
+//
+// Read/write locks (default layout), with the same P and N, in N's slot:
+//
+//	P{N}:rw:readers       sorted set: the readers' tokens, scored by expiry
+//	P{N}:rw:writer        string: the writer's token, PX TTL
+//	P{N}:rw:waits         sorted set: the waiting writers' wait ids, scored
+//	                      by the deadline past which the wait keeps no reader
+//	                      out; expires no sooner than its latest score
+//	P{N}:rw:fence         integer: the writers' fencing counter (persists)
+//	P{N}:rw:released      pub/sub channel: an empty message on a writer's or
+//	                      a reader's release and when a writer stops waiting
+//
+// Each kind's keys end in a suffix of their own, with no "}" in it, so a
+// lock, a semaphore and a read/write lock of the same name are three
+// objects, and no name's keys of one kind equal another name's of another
+// kind (those all end in "}" before the suffix).
+//
+// # Semaphores, read/write locks and elections
+//
+// In the default layout the driver declares Semaphore, PermitFencing,
+// RWLock and Metadata; the compat layout declares none of them
+// (Locker.Semaphore, RWLock and Elect then return an error matching
+// errors.ErrUnsupported). Each operation is one Lua script on the slot's
+// primary, so the guarantees are the lock's (see Guarantees): exact on one
+// node, at the mercy of asynchronous replication in a failover.
+//
+// A permit is a member of the semaphore's sorted set, scored by its expiry
+// on the server's clock. permit_acquire.lua drops expired members, refuses
+// a limit other than the one stored beside the set (dlock.ErrLimitMismatch,
+// naming both limits; nothing is taken), grants while fewer than the limit
+// hold, and advances the permits' counter: Lease.Fence strictly increases
+// with every permit grant of the semaphore (PermitFencing), as the lock's
+// does, across a restart without persistence under the same clock
+// assumption. Refresh re-scores the member only while it is live and never
+// re-creates one; Release removes only its own token. A crashed holder's
+// permit is dropped at its expiry by the next script that looks. The first
+// holder's limit becomes the semaphore's; it is deleted with the last
+// holder, so a new limit is accepted once nobody holds.
+//
+// A read/write lock is a sorted set of readers (as permits, without a
+// limit), a writer key (as a lock's) and a sorted set of writers' waits.
+// rw_acquire.lua grants a reader unless a writer holds or a writer's wait
+// is registered and not past its deadline; it grants a writer unless
+// another writer or any live reader holds, and then advances the writers'
+// counter (Fencing covers the write side; readers have no token). A writer
+// that waits (Lock) registers its wait in every attempt that finds the
+// lock busy, with the deadline now + what blocks it + TTL, and renews it
+// before then; the attempt that grants it removes it, and so does the
+// release script run when it gives up, which also tells readers. So a
+// waiting writer keeps new readers out while readers already holding keep
+// the lock, and a writer that dies waiting stops keeping readers out at
+// its wait's deadline.
+//
+// Waiting for a permit or either side of a read/write lock is notified,
+// not queued: the waiter subscribes to the object's release channel (the
+// Locker's one pub/sub connection, as for locks), and each release
+// publishes there; every waiter then tries again, and the first attempts
+// to reach the server win. There is no FIFO order among them (FIFO in
+// Capabilities is about locks), a release wakes every waiter of the object,
+// and a holder that expires without releasing publishes nothing: waiters
+// look again at its expiry, as read in their last attempt. Why not a queue
+// as for locks: a permit freed must go to one of possibly many waiters and
+// a reader's grant to all readers waiting; the lock's hand-off scripts
+// give one lock to one waiter, and a queue per kind would double that
+// machinery for a plus the contract does not require. A waiter uses one
+// token for all its attempts (an attempt whose reply was lost but which
+// took a permit is renewed by the next, not counted twice) and, when it
+// gives up, removes what that token holds and its writer's wait before
+// Acquire returns (waiting up to 250ms for the server).
+//
+// Elections (Locker.Elect) are locks with the candidate as metadata:
+// Metadata is stored in P{N}:meta only for a lease or waiter that has
+// some, so a lock without metadata costs exactly what it did (no extra
+// command in any script; the scripts take the key's name and skip it).
+// Inspect reports the metadata, and Since, only when the key's token is
+// the holder's, so a former holder's key that has not expired yet is never
+// shown. A release by a holder with metadata publishes on the name's
+// release channel, so Locker.Observe sees a resignation at once. The term
+// (Lease.Fence, Leader.Term) is the lock's fencing token; a handoff from
+// the queue carries the next candidate's metadata with it.
 //
 // Task queue (package queue, redis.NewQueue or queue.Open with a redis URL),
 // with P the queue prefix (default "dlockq:") and Q the queue's name, every

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/redishub"
@@ -14,9 +16,11 @@ import (
 
 // Inspect describes name (dlockdriver.Inspector): the holder's token
 // prefix, remaining TTL and fence (the counter, which is always the current
-// holder's), and the number of queued waiters (live or not yet expired).
-// The compat layout stores no fence or queue. Redis does not record when a
-// lock was taken, nor its metadata.
+// holder's), and the number of queued waiters (live or not yet expired);
+// for a holder with metadata, that metadata and when it was granted (the
+// server's clock). The compat layout stores no fence, queue or metadata,
+// and the default layout records when a lock was taken only for a holder
+// with metadata.
 func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo, error) {
 	info := dlockdriver.LockInfo{Name: name, TTL: -1, Waiters: -1}
 	keys := d.keys(name)
@@ -24,10 +28,11 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 	var pttl *goredis.DurationCmd
 	var fence *goredis.StringCmd
 	var queued *goredis.IntCmd
+	var meta *goredis.StringCmd
 	_, err := d.c.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		get, pttl = p.Get(ctx, keys[0]), p.PTTL(ctx, keys[0])
 		if !d.compat {
-			fence, queued = p.Get(ctx, keys[1]), p.ZCard(ctx, keys[2])
+			fence, queued, meta = p.Get(ctx, keys[1]), p.ZCard(ctx, keys[2]), p.Get(ctx, keys[4])
 		}
 		return nil
 	})
@@ -44,11 +49,33 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 				info.Fence, info.HasFence = f, true
 			}
 		}
+		if meta != nil {
+			info.Metadata, info.Since = parseMeta(meta.Val(), token)
+		}
 	}
 	if queued != nil {
 		info.Waiters = int(queued.Val())
 	}
 	return info, nil
+}
+
+// parseMeta reads a metadata key's value, "<token>\n<since_ms>\n<metadata>"
+// (see acquire.lua), if it is the holder token's: a former holder's is
+// ignored.
+func parseMeta(v, token string) (string, time.Time) {
+	rest, ok := strings.CutPrefix(v, token+"\n")
+	if !ok || v == "" {
+		return "", time.Time{}
+	}
+	ms, m, ok := strings.Cut(rest, "\n")
+	if !ok {
+		return "", time.Time{}
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return m, time.Time{}
+	}
+	return m, time.UnixMilli(n)
 }
 
 // Names lists the names held or queued on that begin with prefix

@@ -59,14 +59,19 @@ type reply struct {
 }
 
 // acquire runs acquire.lua in the default layout; wait (0: TryAcquire) is
-// how long the caller's queue entry lives.
-func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wait time.Duration) (reply, error) {
+// how long the caller's queue entry lives; meta is the caller's metadata.
+func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wait time.Duration, meta string) (reply, error) {
 	px := millis(ttl)
 	r := reply{px: px}
 	var cmd *goredis.Cmd
-	if wait > 0 {
+	switch {
+	case meta != "" && wait > 0:
+		cmd = acquireScript.Run(ctx, d.c, keys, token, px, millis(wait), d.grants, meta)
+	case meta != "":
+		cmd = acquireScript.Run(ctx, d.c, keys, token, px, 0, "", meta)
+	case wait > 0:
 		cmd = acquireScript.Run(ctx, d.c, keys, token, px, millis(wait), d.grants)
-	} else {
+	default:
 		cmd = acquireScript.Run(ctx, d.c, keys, token, px, 0)
 	}
 	v, err := cmd.Int64Slice()
@@ -122,11 +127,15 @@ func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wai
 // above the counter that request saw, so a message from an older grant
 // (delayed past that grant's expiry) is not mistaken for a new one.
 func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *dlockdriver.Grant, err error) {
+	if req.Kind != dlockdriver.KindLock {
+		return q.acquireKind(ctx, req)
+	}
 	d := q.driver
 	keys := d.keys(req.Name)
 	channel := keys[0] + ":released"
 	token := any(req.Token)
 	life := max(req.TTL, minLifetime)
+	meta := req.Metadata != ""
 
 	var (
 		x         *grantWatch
@@ -142,7 +151,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 			x.Stop()
 		}
 		if err != nil && sentAny {
-			q.leave(ctx, keys, token, req.TTL)
+			q.leave(ctx, keys, token, req.TTL, meta)
 		}
 	}()
 	run := func(wait time.Duration) (reply, time.Time, error) {
@@ -151,7 +160,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 			floor = sent
 		}
 		sentAny = true
-		r, err := d.acquire(ctx, keys, token, req.TTL, wait)
+		r, err := d.acquire(ctx, keys, token, req.TTL, wait, req.Metadata)
 		if err == nil && r.kind == replyBusy {
 			floor, known = sent, r.fence
 		}
@@ -164,7 +173,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 	if !d.hub.Ready(channel) || !d.hub.Ready(d.grants) {
 		r, sent, err := run(0)
 		if err == nil && r.kind != replyBusy {
-			return d.waitGrant(keys, token, r, sent, floor), nil
+			return d.waitGrant(keys, token, r, sent, floor, meta), nil
 		}
 		if ctx.Err() != nil {
 			return nil, done()
@@ -204,7 +213,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 			delay = backoff + rand.N(backoff/4+1)
 			backoff = min(2*backoff, errBackoffMax)
 		case r.kind != replyBusy:
-			return d.waitGrant(keys, token, r, sent, floor), nil
+			return d.waitGrant(keys, token, r, sent, floor, meta), nil
 		default:
 			lastErr, backoff = nil, errBackoffMin
 			delay = life / 3
@@ -223,7 +232,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 			// Our grant, or else anything (a release past dead entries, a
 			// lost connection, a stale grant): look again.
 			if f := x.fence.Load(); f > known {
-				return withSent(d.grant(keys, token, millis(req.TTL), f), floor), nil
+				return withSent(d.grant(keys, token, millis(req.TTL), f, meta), floor), nil
 			}
 		case <-timer.C:
 		}
@@ -232,8 +241,8 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 
 // waitGrant is the grant of a wait that acquire.lua granted (sent: this
 // call's send time) or found handed over already (floor).
-func (d *driver) waitGrant(keys []string, token any, r reply, sent, floor time.Time) *dlockdriver.Grant {
-	g := d.grant(keys, token, r.px, r.fence)
+func (d *driver) waitGrant(keys []string, token any, r reply, sent, floor time.Time, meta bool) *dlockdriver.Grant {
+	g := d.grant(keys, token, r.px, r.fence, meta)
 	g.Sent = sent
 	if r.kind == replyHeld {
 		g.Sent = floor
@@ -251,7 +260,7 @@ func withSent(g *dlockdriver.Grant, sent time.Time) *dlockdriver.Grant {
 // after ctx ended, so on a context of its own, bounded by the TTL and
 // leaveTimeout, and is waited for up to leaveWait; if it fails, the entry
 // expires at its deadline and a lock handed to it at its TTL.
-func (q *queueDriver) leave(ctx context.Context, keys []string, token any, ttl time.Duration) {
+func (q *queueDriver) leave(ctx context.Context, keys []string, token any, ttl time.Duration, meta bool) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(ttl, leaveTimeout))
 	done := make(chan struct{})
 	q.bg.Add(1)
@@ -259,7 +268,7 @@ func (q *queueDriver) leave(ctx context.Context, keys []string, token any, ttl t
 		defer q.bg.Done()
 		defer close(done)
 		defer cancel()
-		_ = releaseScript.Run(lctx, q.c, keys, token).Err()
+		_ = q.release(lctx, keys, token, meta).Err()
 	}()
 	t := time.NewTimer(min(ttl, leaveWait))
 	defer t.Stop()

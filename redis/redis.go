@@ -172,22 +172,44 @@ func newID() string {
 
 func (d *driver) Capabilities() dlock.Capabilities {
 	return dlock.Capabilities{
-		Fencing:      !d.compat,
-		FIFO:         !d.compat,
-		NotifiedWait: true,
-		MinTTL:       MinTTL,
+		Fencing:       !d.compat,
+		FIFO:          !d.compat,
+		NotifiedWait:  true,
+		MinTTL:        MinTTL,
+		Semaphore:     !d.compat,
+		PermitFencing: !d.compat,
+		RWLock:        !d.compat,
+		Metadata:      !d.compat,
 	}
 }
 
 // keys returns the keys of name: in the compat layout just the lock key; in
-// the default layout the lock, the fencing counter, the queue and the waiter
-// entries, in the order the scripts take them.
+// the default layout the lock, the fencing counter, the queue, the waiter
+// entries and the holder's metadata, in the order the scripts take them.
 func (d *driver) keys(name string) []string {
 	if d.compat {
 		return []string{d.prefix + name}
 	}
-	lock := d.prefix + "{" + name + "}"
-	return []string{lock, lock + ":fence", lock + ":queue", lock + ":waiters"}
+	// One allocation for the five names, each a substring of it (the
+	// acquire and release scripts take them on every call).
+	lock := len(d.prefix) + len(name) + 2
+	var b strings.Builder
+	b.Grow(5*lock + len(":fence:queue:waiters:meta"))
+	for _, suffix := range [...]string{"", ":fence", ":queue", ":waiters", ":meta"} {
+		b.WriteString(d.prefix)
+		b.WriteByte('{')
+		b.WriteString(name)
+		b.WriteByte('}')
+		b.WriteString(suffix)
+	}
+	all := b.String()
+	keys := make([]string, 5)
+	at := 0
+	for i, n := range [...]int{0, len(":fence"), len(":queue"), len(":waiters"), len(":meta")} {
+		keys[i] = all[at : at+lock+n]
+		at += lock + n
+	}
+	return keys
 }
 
 // channel is the pub/sub channel on which releases of name are announced.
@@ -205,6 +227,12 @@ func millis(ttl time.Duration) int64 {
 // not. (In the compat layout a plain SET NX PX costs the same when the lock
 // is free, but needs a second round trip for the holder's PTTL when not.)
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	if req.Kind != dlockdriver.KindLock {
+		if d.compat {
+			return nil, fmt.Errorf("%w: redis: the compat layout has no %s", errors.ErrUnsupported, req.Kind)
+		}
+		return d.tryKind(ctx, req, req.Wait)
+	}
 	keys := d.keys(req.Name)
 	token := any(req.Token) // boxed once for every call of the lease
 	if d.compat {
@@ -216,21 +244,26 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		if n <= 0 {
 			return nil, busy(n)
 		}
-		return d.grant(keys, token, px, 0), nil
+		return d.grant(keys, token, px, 0, false), nil
 	}
-	r, err := d.acquire(ctx, keys, token, req.TTL, 0)
+	r, err := d.acquire(ctx, keys, token, req.TTL, 0, req.Metadata)
 	if err != nil {
 		return nil, err
 	}
 	if r.kind == replyBusy {
 		return nil, busy(r.busy)
 	}
-	return d.grant(keys, token, r.px, r.fence), nil
+	return d.grant(keys, token, r.px, r.fence, req.Metadata != ""), nil
 }
 
-func (d *driver) grant(keys []string, token any, px int64, fence uint64) *dlockdriver.Grant {
+// grant is a lock's grant; meta: the lease stored metadata (default layout).
+func (d *driver) grant(keys []string, token any, px int64, fence uint64, meta bool) *dlockdriver.Grant {
+	h := &handle{d: d, keys: keys, token: token, refreshKeys: keys[:1]}
+	if meta {
+		h.meta, h.refreshKeys = true, []string{keys[0], keys[4]}
+	}
 	return &dlockdriver.Grant{
-		Handle: &handle{d: d, keys: keys, token: token},
+		Handle: h,
 		TTL:    time.Duration(px) * time.Millisecond,
 		Fence:  fence,
 	}
@@ -255,8 +288,11 @@ func busy(n int64) error {
 // attempt delayed in the network past its abandon still takes the lock,
 // which then lasts until its TTL.
 func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
+	if req.Kind != dlockdriver.KindLock {
+		return d.abandonKind(ctx, req, "")
+	}
 	keys := d.keys(req.Name)
-	if err := releaseScript.Run(ctx, d.c, keys, req.Token).Err(); err != nil {
+	if err := d.release(ctx, keys, req.Token, req.Metadata != "" && !d.compat).Err(); err != nil {
 		return fmt.Errorf("redis: abandoning an attempt on %q: %w", keys[0], err)
 	}
 	return nil
@@ -344,16 +380,27 @@ func (d *driver) Close() error {
 	return err
 }
 
+// release runs release.lua for token; meta: the lease (or the wait) has
+// metadata.
+func (d *driver) release(ctx context.Context, keys []string, token any, meta bool) *goredis.Cmd {
+	if meta {
+		return releaseScript.Run(ctx, d.c, keys, token, "m")
+	}
+	return releaseScript.Run(ctx, d.c, keys, token)
+}
+
 // handle is one held lease: its keys and token.
 type handle struct {
-	d     *driver
-	keys  []string // the layout's keys, lock key first
-	token any      // the lease token, a string
+	d           *driver
+	keys        []string // the layout's keys, lock key first
+	token       any      // the lease token, a string
+	meta        bool     // the lease stored metadata (default layout)
+	refreshKeys []string // the lock key, and the metadata key when meta
 }
 
 func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	px := millis(ttl)
-	n, err := refreshScript.Run(ctx, h.d.c, h.keys[:1], h.token, px).Int64()
+	n, err := refreshScript.Run(ctx, h.d.c, h.refreshKeys, h.token, px).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("redis: refreshing %q: %w", h.keys[0], err)
 	}
@@ -364,7 +411,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 }
 
 func (h *handle) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, h.d.c, h.keys, h.token).Int64()
+	n, err := h.d.release(ctx, h.keys, h.token, h.meta).Int64()
 	if err != nil {
 		return fmt.Errorf("redis: releasing %q: %w", h.keys[0], err)
 	}

@@ -2,11 +2,16 @@
 -- re-creates a lock that is gone.
 --
 -- KEYS[1]  the lock key
+-- KEYS[2]  only for a lease with metadata: its key <prefix>{<name>}:meta,
+--          extended with the lock
 -- ARGV[1]  the lease token
 -- ARGV[2]  the new TTL in milliseconds
 --
 -- Returns 1 when the key held the token and its TTL was set, 0 otherwise.
 if redis.call("GET", KEYS[1]) == ARGV[1] then
+	if KEYS[2] then
+		redis.call("PEXPIRE", KEYS[2], ARGV[2])
+	end
 	return redis.call("PEXPIRE", KEYS[1], ARGV[2])
 end
 return 0

@@ -6,7 +6,9 @@
 -- KEYS[2]  default layout only: the fencing counter   <prefix>{<name>}:fence
 -- KEYS[3]  default layout only: the queue             <prefix>{<name>}:queue
 -- KEYS[4]  default layout only: the waiter entries    <prefix>{<name>}:waiters
+-- KEYS[5]  default layout only: the holder's metadata <prefix>{<name>}:meta
 -- ARGV[1]  the lease token
+-- ARGV[2]  default layout only, and only when the lease has metadata: "m"
 --
 -- Compat layout: publishes an empty message on KEYS[1] .. ":released" when
 -- it deletes.
@@ -25,6 +27,16 @@
 -- every default-layout waiter is queued (acquire.lua enqueues it in the same
 -- call that finds the lock busy), so no one listens, and a PUBLISH costs as
 -- much as the rest of the script.
+--
+-- Metadata (see acquire.lua): with ARGV[2] it deletes KEYS[5] when it
+-- deletes the lock, and the token's "m:" field with its entry; a handoff to
+-- a waiter whose entry is marked sets KEYS[5] for it. Without ARGV[2] and
+-- with no marked entry at the head it touches neither. A holder with
+-- metadata (a leader) also publishes an empty message on the release
+-- channel once it released, whether it handed the lock on or not, so that
+-- those who watch the name (Locker.Observe) look again at once; waiters
+-- woken by it look again too, which costs a round trip each, for metadata
+-- holders only.
 --
 -- A failed PUBLISH (an ACL user without rights on the channel) does not fail
 -- the release, which has happened by then: waiters fall back to polling.
@@ -56,14 +68,24 @@ end
 
 if not held then
 	redis.call("ZREM", KEYS[3], ARGV[1])
-	redis.call("HDEL", KEYS[4], ARGV[1])
+	if ARGV[2] then
+		redis.call("HDEL", KEYS[4], ARGV[1], "m:" .. ARGV[1])
+	else
+		redis.call("HDEL", KEYS[4], ARGV[1])
+	end
 	return 0
+end
+if ARGV[2] then
+	redis.call("DEL", KEYS[5])
 end
 -- A holder has no entry: every grant removes the grantee's (acquire.lua
 -- when it grants the caller, the handoffs when they pop the head).
 local head = redis.call("ZRANGE", KEYS[3], 0, 0)
 if #head == 0 then
 	redis.call("DEL", KEYS[1])
+	if ARGV[2] then
+		redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
+	end
 	return 1
 end
 local t = redis.call("TIME")
@@ -75,16 +97,31 @@ for _ = 1, 100 do
 	local w = head[1]
 	local e = redis.call("HGET", KEYS[4], w)
 	redis.call("ZREM", KEYS[3], w)
-	redis.call("HDEL", KEYS[4], w)
+	local deadline, ttl, m, ch
 	if e then
-		local deadline, ttl, ch = string.match(e, "^(%d+) (%d+) ?(.*)$")
+		deadline, ttl, m, ch = string.match(e, "^(%d+) (%d+)(m?) ?(.*)$")
+	end
+	local meta
+	if m == "m" then
+		meta = redis.call("HGET", KEYS[4], "m:" .. w)
+		redis.call("HDEL", KEYS[4], w, "m:" .. w)
+	else
+		redis.call("HDEL", KEYS[4], w)
+	end
+	if e then
 		if deadline and tonumber(deadline) >= now then
 			redis.call("SET", KEYS[1], w, "PX", ttl)
+			if meta then
+				redis.call("SET", KEYS[5], string.format("%s\n%d\n%s", w, now, meta), "PX", ttl)
+			end
 			local f = nextFence()
 			if ch == "" then
 				ch = KEYS[1] .. ":released"
 			end
 			redis.pcall("PUBLISH", ch, string.format("g:%s:%d", w, f))
+			if ARGV[2] then
+				redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
+			end
 			return 1
 		end
 	end

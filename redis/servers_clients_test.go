@@ -93,9 +93,8 @@ func (h clientHarness) Residue(ctx context.Context, name string) ([]string, erro
 
 // residueOn is Residue on client c.
 func (harness) residueOn(ctx context.Context, c goredis.UniversalClient, name string) ([]string, error) {
-	lock := redis.DefaultKeyPrefix + "{" + name + "}"
 	var left []string
-	for _, k := range []string{lock, lock + ":queue", lock + ":waiters"} {
+	for _, k := range stateKeys(name) {
 		n, err := c.Exists(ctx, k).Result()
 		if err != nil {
 			return nil, err

@@ -275,4 +275,42 @@
 // lock retries when the holder's remaining TTL has passed.
 //
 // Lock metadata (Options.Metadata) is not stored.
+//
+// # Semaphores, read/write locks and elections
+//
+// Not offered: Capabilities declares Semaphore, RWLock and Metadata false,
+// so Locker.Semaphore, Locker.RWLock and Locker.Elect return an error
+// matching errors.ErrUnsupported. Use the redis driver (one master, or a
+// Redis Cluster) for them.
+//
+// Semaphores: Redlock's safety argument is quorum intersection: any two
+// majorities of the N nodes share a node, and one node never holds two
+// tokens of a lock at once, so two leases cannot both be valid. A semaphore
+// of limit k counted the same way (a permit granted when a majority of
+// nodes each admitted it among at most k holders) has no such argument: two
+// majorities still share a node, but k+1 majorities need not share one
+// node among all of them. With N = 3 and k = 2, permits P1 on nodes {A, B},
+// P2 on {B, C} and P3 on {A, C} each hold a majority while every node holds
+// only 2: three valid permits of limit 2. In general a grant quorum of q
+// nodes bounds the valid permits only by floor(k·N/q), which is k only
+// when q > k·N/(k+1): with majorities (q = N/2+1) up to about 2k permits
+// can be valid at once, and a sound quorum tends to all N nodes as k grows,
+// so one node down would stop every grant, which is what Redlock is there to
+// avoid. A sound semaphore over independent masters needs more than Redlock
+// gives (a consensus on the holder set, or a grant from every node), so
+// this driver offers none rather than one that can exceed its limit.
+//
+// Read/write locks: their exclusion would follow from quorum intersection
+// (a writer's majority and a reader's share a node, which refuses the
+// second), and a writer's wait registered on a majority would keep out
+// readers, who need a majority without it. But this driver's split-vote,
+// hand-off and fence write-back machinery is built for exclusive locks and
+// has not been extended to a readers' set per node; it declares no RWLock
+// rather than an untested one.
+//
+// Elections need Metadata, and Locker.Leader needs Inspect to name the
+// leader's term: Inspect here cannot report the holder's fencing token
+// (each node's counter also counts the grants of attempts that lost the
+// vote, so no node's counter is the holder's), and the metadata is not
+// stored, so Leader could name neither the candidate nor the term.
 package redlock

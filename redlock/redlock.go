@@ -218,6 +218,8 @@ type node struct {
 	hub  *redishub.Hub
 }
 
+// Capabilities declares no Semaphore, RWLock or Metadata: see the package
+// doc's "Semaphores, read/write locks and elections" for why.
 func (d *driver) Capabilities() dlock.Capabilities {
 	return dlock.Capabilities{
 		Fencing:      !d.compat,

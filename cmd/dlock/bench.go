@@ -83,7 +83,8 @@ Peers that poll (redsync, redislock) retry every 10ms.
 
 dlock bench queue measures the task queue instead (dlock bench queue -h), and
 dlock bench primitives semaphores, read locks and leader failover (dlock bench
-primitives -h).
+primitives -h), and dlock bench hold many leases held by one Locker (dlock
+bench hold -h).
 
 The table goes to stdout, progress to stderr. -o and -html also write the
 report to a file; -html's page is self-contained (its charts included) and
@@ -130,6 +131,9 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if len(args) > 0 && args[0] == "primitives" {
 		return benchPrimMain(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "hold" {
+		return benchHoldMain(ctx, args[1:], stdout, stderr)
 	}
 	fs, o := benchFlagSet(stderr)
 	if err := fs.Parse(args); err != nil {
