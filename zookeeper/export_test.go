@@ -55,3 +55,25 @@ func randomGUID() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// ConnectWithWatch is Connect, also returning the driver's Watch and a
+// function giving the server watch that Watch shares for a name (nil when
+// there is none), to compare.
+func ConnectWithWatch(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, func(ctx context.Context, name string) (<-chan struct{}, func(), error), func(name string) any, error) {
+	var d *driver
+	testHookConnected = func(dd *driver) { d = dd }
+	defer func() { testHookConnected = nil }()
+	l, err := Connect(ctx, servers, opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	shared := func(name string) any {
+		d.wmu.Lock()
+		defer d.wmu.Unlock()
+		if w, ok := d.watches[d.parent(name)]; ok {
+			return w.ev
+		}
+		return nil
+	}
+	return l, d.Watch, shared, nil
+}

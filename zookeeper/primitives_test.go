@@ -432,3 +432,64 @@ func TestOrphanLostCreateReplyKinds(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchShared: Watch (which Observe uses) fires when the holder
+// releases, and watches of a name share one server watch until it fires
+// (go-zookeeper cannot remove a watch: an observer looking again every
+// second would otherwise pile them up under a long-lived leader).
+func TestWatchShared(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, watch, shared, err := zookeeper.ConnectWithWatch(ctx, []string{srv.Addr()}, withTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	holder := connect(t, srv.Addr(), withTTL(time.Second))
+	name := "watch-" + randomHex(4)
+	ls, err := holder.Acquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, stop1, err := watch(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1 := shared(name)
+	for range 50 {
+		_, stop, err := watch(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop()
+	}
+	c2, stop2, err := watch(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop2()
+	if w2 := shared(name); w1 == nil || w2 != w1 {
+		t.Fatalf("watches of one name: server watches %v then %v, want one shared", w1, w2)
+	}
+	stop1()
+	release(t, ls)
+	select {
+	case <-c2:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not fire within 10s of the release")
+	}
+	select {
+	case <-c1:
+		t.Error("a stopped watch fired")
+	default:
+	}
+	_, stop3, err := watch(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop3()
+	if w3 := shared(name); w3 == nil || w3 == w1 {
+		t.Errorf("after the watch fired: server watch %v, want a new one", w3)
+	}
+}
