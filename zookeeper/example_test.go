@@ -54,3 +54,30 @@ func ExampleNew() {
 }
 
 func doWork(context.Context, uint64) {}
+
+// Share a read/write lock with Apache Curator's InterProcessReadWriteLock:
+// give Curator the path RWLockPath returns. Writers carry fencing tokens
+// (their write node's czxid); a waiting writer keeps new readers out.
+func ExampleRWLockPath() {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "zk://127.0.0.1:2181?ttl=10s")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(ctx)
+
+	// new InterProcessReadWriteLock(client, path) in the Java services.
+	fmt.Println(zookeeper.RWLockPath("", "catalog"))
+
+	rw, err := l.RWLock("catalog")
+	if err != nil {
+		log.Fatal(err)
+	}
+	w, err := rw.Lock(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Release(ctx)
+	fence, _ := w.Fence()
+	doWork(w.Context(), fence)
+}
