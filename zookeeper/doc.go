@@ -166,7 +166,9 @@
 // waiting writer's node is ahead of every later reader, so it keeps new
 // readers out (TryRLock fails, RLock waits) from the moment it queues until
 // it is granted or gives up (its node is deleted, waking the readers);
-// readers already holding keep the lock until they release.
+// readers already holding keep the lock until they release. (A TryLock's
+// write node is there during its one attempt only; a TryRLock meanwhile
+// fails as busy, as Curator's would.)
 //
 // A writer's fencing token is its write node's czxid: a writer is granted
 // only once every node created before it is gone, so write grants follow
@@ -179,8 +181,10 @@
 // the leader, its czxid as the term, and its mtime as Since. A lock node
 // with metadata that was granted after waiting writes its data again (the
 // same data) when granted, so that Since is the grant, not the moment the
-// candidate joined the queue; a lock without metadata is not written (a
-// holder that waited reports the time it queued). Observe hears a leader's
+// candidate joined the queue: one write, in the background once Acquire has
+// returned, which also makes the next waiter look again once. A lock
+// without metadata is not written (a holder that waited reports the time
+// it queued), and no lock granted at once is. Observe hears a leader's
 // end at once: the driver watches the children of the lock's node
 // (dlockdriver.Notifier), one server watch per name while it has not fired.
 // A Refresh with another TTL moves the node (see above): Inspect then
