@@ -3,7 +3,10 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -491,5 +494,136 @@ func TestWatchShared(t *testing.T) {
 	defer stop3()
 	if w3 := shared(name); w3 == nil || w3 == w1 {
 		t.Errorf("after the watch fired: server watch %v, want a new one", w3)
+	}
+}
+
+// TestChurn: lockers take permits (limit 3), or read and write locks,
+// over and over, many of their waits cut short at random. Never more than
+// 3 permits, never a writer beside anyone; nobody is left asleep when
+// entitled (every locker is granted once more at the end, within a few
+// seconds, with nothing else going on); no node is left.
+func TestChurn(t *testing.T) {
+	for _, kind := range []string{"permit", "rw"} {
+		t.Run(kind, func(t *testing.T) {
+			srv := zkServer(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			raw := rawConn(t, srv.Addr(), 10*time.Second)
+			name := "churn-" + kind + "-" + randomHex(4)
+			parent := zookeeper.SemaphorePath("", name)
+			if kind == "rw" {
+				parent = zookeeper.RWLockPath("", name)
+			}
+			const lockers, limit = 6, 3
+			var (
+				mu             sync.Mutex
+				permits, reads int
+				writing        bool
+				grants, cuts   atomic.Int64
+			)
+			enter := func(write bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case kind == "permit":
+					if permits++; permits > limit {
+						t.Errorf("%d permits held, limit %d", permits, limit)
+					}
+				case write:
+					if writing || reads > 0 {
+						t.Errorf("a writer granted beside a writer (%v) or %d readers", writing, reads)
+					}
+					writing = true
+				default:
+					if writing {
+						t.Error("a reader granted beside a writer")
+					}
+					reads++
+				}
+			}
+			leave := func(write bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case kind == "permit":
+					permits--
+				case write:
+					writing = false
+				default:
+					reads--
+				}
+			}
+			take := func(ctx context.Context, l *dlock.Locker, write bool) (*dlock.Lease, error) {
+				if kind == "permit" {
+					return semaphore(t, l, name, limit).Acquire(ctx, nil)
+				}
+				rw, err := l.RWLock(name)
+				if err != nil {
+					return nil, err
+				}
+				if write {
+					return rw.Lock(ctx, nil)
+				}
+				return rw.RLock(ctx, nil)
+			}
+			ls := make([]*dlock.Locker, lockers)
+			for i := range ls {
+				ls[i] = connect(t, srv.Addr(), withTTL(2*time.Second))
+			}
+			var wg sync.WaitGroup
+			stop := time.Now().Add(3 * time.Second)
+			for i, l := range ls {
+				wg.Go(func() {
+					for n := 0; time.Now().Before(stop); n++ {
+						write := (i+n)%3 == 0
+						wctx, wcancel := context.WithTimeout(ctx, time.Duration(1+rand.IntN(30))*time.Millisecond)
+						lease, err := take(wctx, l, write)
+						wcancel()
+						if err != nil {
+							if !errors.Is(err, dlock.ErrNotAcquired) {
+								t.Errorf("locker %d: %v", i, err)
+								return
+							}
+							cuts.Add(1)
+							continue
+						}
+						grants.Add(1)
+						enter(write)
+						time.Sleep(time.Duration(rand.IntN(5)) * time.Millisecond)
+						leave(write)
+						if err := lease.Release(ctx); err != nil {
+							t.Errorf("locker %d: Release: %v", i, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			t.Logf("%d grants, %d waits cut short", grants.Load(), cuts.Load())
+			if grants.Load() < lockers || cuts.Load() < lockers {
+				t.Errorf("%d grants and %d waits cut short: too little churn to tell", grants.Load(), cuts.Load())
+			}
+			// Everyone at once, waiting as long as it takes a queue of six
+			// to drain: a waiter left asleep would not be granted.
+			for i, l := range ls {
+				wg.Go(func() {
+					wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+					defer wcancel()
+					lease, err := take(wctx, l, i%2 == 0)
+					if err != nil {
+						t.Errorf("locker %d, at the end: %v", i, err)
+						return
+					}
+					enter(i%2 == 0)
+					time.Sleep(10 * time.Millisecond)
+					leave(i%2 == 0)
+					if err := lease.Release(ctx); err != nil {
+						t.Errorf("locker %d: Release: %v", i, err)
+					}
+				})
+			}
+			wg.Wait()
+			waitChildren(t, raw, parent, 0)
+		})
 	}
 }
