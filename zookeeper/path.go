@@ -124,7 +124,7 @@ func nodePrefix(parent, guid string) string {
 	return parent + "/" + protectedPrefix + guid + lockMarker
 }
 
-// contender is one lock node under a name's parent.
+// contender is one node of a queue: a lock, permit, read or write node.
 type contender struct {
 	name  string // the child's name
 	seq   int64
