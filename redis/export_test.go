@@ -15,3 +15,10 @@ func ParseRawURL(raw string) (*goredis.Options, *Options, error) {
 	}
 	return ParseURL(u)
 }
+
+// RefreshSHA and RefreshBatchSHA are the scripts' hashes, for tests that
+// count their calls.
+var (
+	RefreshSHA      = refreshScript.Hash()
+	RefreshBatchSHA = refreshBatchScript.Hash()
+)
