@@ -26,6 +26,10 @@ var primitiveTests = []testCase{
 	// holders' TTL; a permit's late Release after its expiry reports
 	// not-held and leaves the new holder's permit alone.
 	{name: "SemaphoreTryAcquireAndWait", need: needSemaphore, fn: testSemaphoreTry},
+	// Waiters behind a full semaphore, the first of which gives up: a
+	// release then grants the other one promptly (a waiter must not be
+	// left watching a waiter that has gone).
+	{name: "SemaphoreWaiterAheadGivesUp", need: needSemaphore, fn: testSemaphoreWaiterGivesUp},
 	// An acquisition under another limit than the holders' fails with
 	// ErrLimitMismatch (TryAcquire and Acquire, promptly) and takes
 	// nothing; once the holders are gone the new limit is accepted.
@@ -296,6 +300,67 @@ func testSemaphoreTry(s *suite) {
 	s.stillHeld(fill)
 	s.release(next)
 	s.release(fill)
+}
+
+func testSemaphoreWaiterGivesUp(s *suite) {
+	const limit = 2
+	name := s.name()
+	h, _ := s.locker(s.opts())
+	w1, _ := s.locker(s.opts())
+	w2, _ := s.locker(s.opts())
+	semH := s.semaphore(h, name, limit)
+	var held []*dlock.Lease
+	for range limit {
+		ls, err := semH.TryAcquire(s.ctx, s.opts(ttl(5*s.cfg.TTL)))
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		held = append(held, ls)
+	}
+	before, _ := s.h.Residue(s.ctx, name)
+	ctx1, cancel1 := context.WithCancel(s.ctx)
+	first := make(chan error, 1)
+	go func() {
+		ls, err := s.semaphore(w1, name, limit).Acquire(ctx1, nil)
+		if ls != nil {
+			_ = ls.Release(s.ctx)
+		}
+		first <- err
+	}()
+	before, _ = s.queued(name, before, s.cfg.TTL/2)
+	type result struct {
+		ls  *dlock.Lease
+		err error
+		at  time.Time
+	}
+	second := make(chan result, 1)
+	go func() {
+		ls, err := s.semaphore(w2, name, limit).Acquire(s.ctx, s.opts(ttl(5*s.cfg.TTL)))
+		second <- result{ls, err, time.Now()}
+	}()
+	s.queued(name, before, s.cfg.TTL/2)
+	cancel1()
+	if err := <-first; !errors.Is(err, dlock.ErrNotAcquired) {
+		s.t.Fatalf("the first waiter, cancelled: %v; want ErrNotAcquired", err)
+	}
+	released := time.Now()
+	s.release(held[0])
+	var r result
+	select {
+	case r = <-second:
+	case <-time.After(s.cfg.TTL + s.caps.ExpirySlack + s.tol()):
+		s.t.Fatal("the second waiter was not granted within a TTL of a release after the first gave up")
+	}
+	if r.err != nil {
+		s.t.Fatalf("second waiter: %v", r.err)
+	}
+	if s.caps.NotifiedWait {
+		if d := r.at.Sub(released); d > s.tol() {
+			s.t.Errorf("the second waiter was granted %v after the release (NotifiedWait; tolerance %v%s)", d, s.tol(), s.scaled())
+		}
+	}
+	s.release(r.ls)
+	s.release(held[1])
 }
 
 func testSemaphoreMismatch(s *suite) {
