@@ -1,0 +1,499 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/servers"
+	"github.com/jackc/pgx/v5"
+)
+
+// kindEntries lists the pg_locks rows of every key of name, in every kind's
+// namespace (see the package doc, Layout), as "pid <pid> holds|waits
+// <object>": the lock, the read/write lock, the semaphore's queue, its slots
+// and its limits' keys.
+func kindEntries(ctx context.Context, c *pgx.Conn, name string) ([]string, error) {
+	rows, err := c.Query(ctx, `
+		WITH k AS (SELECT hashtextextended($1, 0) AS lk, hashtextextended($1, 1) AS rw,
+		                  hashtextextended($1, 2) AS q, hashtextextended($1, 3) AS s,
+		                  hashtextextended($1, 4) AS l)
+		SELECT l.pid, l.granted, l.mode,
+		       CASE WHEN l.objsubid = 1 AND l.classid = ((k.lk >> 32) & 4294967295)::oid AND l.objid = (k.lk & 4294967295)::oid THEN 'lock'
+		            WHEN l.objsubid = 1 AND l.classid = ((k.rw >> 32) & 4294967295)::oid AND l.objid = (k.rw & 4294967295)::oid THEN 'rwlock'
+		            WHEN l.objsubid = 1 AND l.classid = ((k.q >> 32) & 4294967295)::oid AND l.objid = (k.q & 4294967295)::oid THEN 'queue'
+		            WHEN l.objsubid = 2 AND l.classid = ((k.s >> 32) & 4294967295)::oid AND (l.objid::int8 >> 16) = ((k.s >> 16) & 65535) THEN 'slot ' || (l.objid::int8 & 65535)
+		            WHEN l.objsubid = 2 AND l.classid = ((k.l >> 32) & 4294967295)::oid AND (l.objid::int8 >> 16) = ((k.l >> 16) & 65535) THEN 'limit ' || ((l.objid::int8 & 65535) + 1)
+		       END AS what
+		FROM pg_locks l, k
+		WHERE l.locktype = 'advisory'
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY what, l.granted DESC, l.pid`, name)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var left []string
+	for rows.Next() {
+		var pid int32
+		var granted bool
+		var mode string
+		var what *string
+		if err := rows.Scan(&pid, &granted, &mode, &what); err != nil {
+			return nil, err
+		}
+		if what == nil {
+			continue
+		}
+		how := "waits"
+		if granted {
+			how = "holds"
+		}
+		left = append(left, fmt.Sprintf("pid %d %s %s (%s)", pid, how, *what, mode))
+	}
+	return left, rows.Err()
+}
+
+// waitKind waits until name's entries satisfy ok.
+func waitKind(t testing.TB, c *pgx.Conn, name string, what string, ok func([]string) bool) []string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := kindEntries(context.Background(), c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pg_locks for %q: %v; want %s", name, got, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func count(entries []string, substr string) int {
+	n := 0
+	for _, e := range entries {
+		if strings.Contains(e, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+func noResidue(t testing.TB, c *pgx.Conn, name string) {
+	t.Helper()
+	waitKind(t, c, name, "nothing", func(e []string) bool { return len(e) == 0 })
+}
+
+// rlockAsync and lockAsync start a wait for a side of rw.
+func rlockAsync(ctx context.Context, rw *dlock.RWLock) <-chan result {
+	c := make(chan result, 1)
+	go func() {
+		ls, err := rw.RLock(ctx, nil)
+		c <- result{ls, err, time.Now()}
+	}()
+	return c
+}
+
+func lockAsync(ctx context.Context, rw *dlock.RWLock) <-chan result {
+	c := make(chan result, 1)
+	go func() {
+		ls, err := rw.Lock(ctx, nil)
+		c <- result{ls, err, time.Now()}
+	}()
+	return c
+}
+
+func semAsync(ctx context.Context, s *dlock.Semaphore) <-chan result {
+	c := make(chan result, 1)
+	go func() {
+		ls, err := s.Acquire(ctx, nil)
+		c <- result{ls, err, time.Now()}
+	}()
+	return c
+}
+
+func pending(t testing.TB, c <-chan result, what string) {
+	t.Helper()
+	select {
+	case r := <-c:
+		t.Fatalf("%s returned (%v, %v) while it should wait", what, r.ls, r.err)
+	default:
+	}
+}
+
+func release(t testing.TB, ls *dlock.Lease) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ls.Release(ctx); err != nil {
+		t.Fatalf("Release of %q: %v", ls.Name(), err)
+	}
+}
+
+// Readers hold the read/write lock together and exclude a writer; a writer
+// excludes readers and writers; each side is its own advisory key, apart
+// from the lock of the same name; writers fence, readers do not.
+func TestRWLockExclusion(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	rwa, err := a.RWLock(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rwb, _ := b.RWLock(name)
+	r1, err := rwa.TryRLock(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := rwb.TryRLock(ctx, nil)
+	if err != nil {
+		t.Fatalf("second reader: %v", err)
+	}
+	if _, ok := r1.Fence(); ok {
+		t.Errorf("a reader's lease has a fencing token")
+	}
+	if _, err := rwb.TryLock(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryLock beside readers: got %v, want ErrNotAcquired", err)
+	}
+	// The lock of the same name is another object.
+	lk, err := b.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatalf("the lock of a read-locked name: %v", err)
+	}
+	got := waitKind(t, raw, name, "2 readers and the lock", func(e []string) bool { return len(e) == 3 })
+	if count(got, "holds rwlock (ShareLock)") != 2 || count(got, "holds lock (ExclusiveLock)") != 1 {
+		t.Errorf("pg_locks: %v, want two readers' ShareLocks and the lock", got)
+	}
+	release(t, r1)
+	release(t, r2)
+	w, err := rwb.TryLock(ctx, nil)
+	if err != nil {
+		t.Fatalf("TryLock once the readers left: %v", err)
+	}
+	f1 := fence(t, w)
+	if _, err := rwa.TryRLock(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryRLock beside a writer: got %v, want ErrNotAcquired", err)
+	}
+	if _, err := rwa.TryLock(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryLock beside a writer: got %v, want ErrNotAcquired", err)
+	}
+	if ok, err := w.Held(ctx); err != nil || !ok {
+		t.Fatalf("writer's Held: %v, %v", ok, err)
+	}
+	release(t, w)
+	w2, err := rwa.TryLock(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f2 := fence(t, w2); f2 <= f1 {
+		t.Errorf("writer's fence %d after %d, want it to increase", f2, f1)
+	}
+	release(t, w2)
+	release(t, lk)
+	noResidue(t, raw, name)
+}
+
+// Writer preference is PostgreSQL's own: a request that conflicts with a
+// waiting one queues behind it, and a try fails. So once a writer waits, a
+// new reader's TryRLock fails and its RLock queues behind the writer, while
+// the reader already holding keeps its hold; the writer is granted when
+// that reader leaves, the queued reader when the writer does.
+func TestRWLockWriterPreference(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	c := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	rwa, _ := a.RWLock(name)
+	rwb, _ := b.RWLock(name)
+	rwc, _ := c.RWLock(name)
+	r1, err := rwa.RLock(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := lockAsync(ctx, rwb)
+	waitKind(t, raw, name, "a waiting writer", func(e []string) bool { return count(e, "waits rwlock (ExclusiveLock)") == 1 })
+	if _, err := rwc.TryRLock(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryRLock while a writer waits: got %v, want ErrNotAcquired", err)
+	}
+	r2 := rlockAsync(ctx, rwc)
+	waitKind(t, raw, name, "a reader queued behind the writer", func(e []string) bool { return count(e, "waits rwlock (ShareLock)") == 1 })
+	if ok, err := r1.Held(ctx); err != nil || !ok {
+		t.Fatalf("the holding reader's Held while a writer waits: %v, %v", ok, err)
+	}
+	pending(t, w, "Lock beside a reader")
+	release(t, r1)
+	wr := granted(t, w, 5*time.Second)
+	pending(t, r2, "RLock behind the writer")
+	release(t, wr.ls)
+	rr := granted(t, r2, 5*time.Second)
+	release(t, rr.ls)
+	noResidue(t, raw, name)
+}
+
+// A writer whose wait is cut short leaves the queue, and the readers it kept
+// out are granted at once.
+func TestRWLockCancelledWriterLetsReadersIn(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	rwa, _ := a.RWLock(name)
+	rwb, _ := b.RWLock(name)
+	r1, err := rwa.RLock(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w := lockAsync(wctx, rwb)
+	waitKind(t, raw, name, "a waiting writer", func(e []string) bool { return count(e, "waits rwlock") == 1 })
+	r2 := rlockAsync(ctx, rwa)
+	waitKind(t, raw, name, "a queued reader", func(e []string) bool { return count(e, "waits rwlock") == 2 })
+	cancel()
+	if r := <-w; !errors.Is(r.err, dlock.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("cancelled Lock: got %v, %v", r.ls, r.err)
+	}
+	rr := granted(t, r2, 5*time.Second)
+	release(t, rr.ls)
+	release(t, r1)
+	noResidue(t, raw, name)
+}
+
+// A semaphore hands out at most limit permits: slots of their own, apart
+// from the lock and the read/write lock of the same name; a permit under
+// another limit is refused with ErrLimitMismatch, taking nothing; permits
+// fence; a release lets the next one in.
+func TestSemaphoreLimit(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	sa, err := a.Semaphore(name, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _ := b.Semaphore(name, 3)
+	var held []*dlock.Lease
+	var last uint64
+	for i := range 3 {
+		s := sa
+		if i%2 == 1 {
+			s = sb
+		}
+		ls, err := s.TryAcquire(ctx, nil)
+		if err != nil {
+			t.Fatalf("permit %d: %v", i+1, err)
+		}
+		if f := fence(t, ls); f <= last {
+			t.Errorf("permit %d's fence %d, after %d", i+1, f, last)
+		} else {
+			last = f
+		}
+		held = append(held, ls)
+	}
+	if _, err := sb.TryAcquire(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) || errors.Is(err, dlock.ErrLimitMismatch) {
+		t.Fatalf("a fourth permit of 3: got %v, want ErrNotAcquired", err)
+	}
+	lk, err := b.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatalf("the lock of the semaphore's name: %v", err)
+	}
+	rw, _ := b.RWLock(name)
+	wl, err := rw.TryLock(ctx, nil)
+	if err != nil {
+		t.Fatalf("the read/write lock of the semaphore's name: %v", err)
+	}
+	before, err := kindEntries(ctx, raw, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int{2, 4} {
+		other, _ := b.Semaphore(name, limit)
+		_, err := other.TryAcquire(ctx, nil)
+		if !errors.Is(err, dlock.ErrLimitMismatch) || !errors.Is(err, dlock.ErrInvalid) || !strings.Contains(err.Error(), "limit 3") {
+			t.Errorf("TryAcquire with limit %d beside holders of 3: got %v, want ErrLimitMismatch naming 3", limit, err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = other.Acquire(wctx, nil)
+		cancel()
+		if !errors.Is(err, dlock.ErrLimitMismatch) {
+			t.Errorf("Acquire with limit %d beside holders of 3: got %v, want ErrLimitMismatch", limit, err)
+		}
+	}
+	after := waitKind(t, raw, name, "what was there before the mismatches", func(e []string) bool { return slices.Equal(e, before) })
+	if count(after, "holds slot") != 3 || count(after, "holds limit 3") != 3 {
+		t.Errorf("pg_locks: %v, want 3 slots and 3 holds of limit 3", after)
+	}
+	for _, ls := range held {
+		if ok, err := ls.Held(ctx); err != nil || !ok {
+			t.Fatalf("permit's Held: %v, %v", ok, err)
+		}
+	}
+	release(t, held[1])
+	ls, err := sb.TryAcquire(ctx, nil)
+	if err != nil {
+		t.Fatalf("a permit once one was released: %v", err)
+	}
+	if f := fence(t, ls); f <= last {
+		t.Errorf("fence %d after %d", f, last)
+	}
+	held[1] = ls
+	for _, ls := range held {
+		release(t, ls)
+	}
+	release(t, lk)
+	release(t, wl)
+	noResidue(t, raw, name)
+	// Free again: any limit goes.
+	s5, _ := a.Semaphore(name, 5)
+	ls, err = s5.TryAcquire(ctx, nil)
+	if err != nil {
+		t.Fatalf("limit 5 once every permit of 3 was released: %v", err)
+	}
+	release(t, ls)
+	noResidue(t, raw, name)
+}
+
+// Waiters for a permit queue in the server (the semaphore's queue key):
+// the first is the head, listening for releases; each release is heard
+// and hands the permit on at once (well within the head's backoff), in
+// the order the waiters came.
+func TestSemaphoreWaitersInOrder(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	sa, _ := a.Semaphore(name, 2)
+	sb, _ := b.Semaphore(name, 2)
+	opts := &dlock.Options{TTL: 30 * time.Second}
+	h1, err := sa.TryAcquire(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := sa.TryAcquire(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waits []<-chan result
+	for i := range 3 {
+		waits = append(waits, semAsync(ctx, sb))
+		waitKind(t, raw, name, fmt.Sprintf("%d waiters", i+1), func(e []string) bool {
+			return count(e, "queue") == i+1
+		})
+	}
+	time.Sleep(1500 * time.Millisecond) // the head's backoff grows to its limit
+	for i, w := range waits {
+		pending(t, w, fmt.Sprintf("waiter %d", i+1))
+	}
+	// Each head was granted soon after the release (the backoff is 1s by
+	// now; three grants within 250ms each are the notifications' doing).
+	handOff := func(ls *dlock.Lease, w <-chan result, i int) result {
+		t.Helper()
+		released := time.Now()
+		release(t, ls)
+		r := granted(t, w, 5*time.Second)
+		if d := r.at.Sub(released); d > 250*time.Millisecond {
+			t.Errorf("waiter %d was granted %v after the release, want at once (notified)", i, d)
+		}
+		return r
+	}
+	r1 := handOff(h1, waits[0], 1)
+	pending(t, waits[1], "waiter 2")
+	r2 := handOff(h2, waits[1], 2)
+	pending(t, waits[2], "waiter 3")
+	time.Sleep(1500 * time.Millisecond) // the new head's backoff grows too
+	r3 := handOff(r1.ls, waits[2], 3)
+	release(t, r2.ls)
+	release(t, r3.ls)
+	noResidue(t, raw, name)
+}
+
+// A permit whose session ends (pg_terminate_backend) is reported lost, and
+// its slot comes back to a waiter without a release to hear: the head looks
+// again within its backoff.
+func TestSemaphoreTerminatedHolder(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	sa, _ := a.Semaphore(name, 1)
+	sb, _ := b.Semaphore(name, 1)
+	ls, err := sa.TryAcquire(ctx, &dlock.Options{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := semAsync(ctx, sb)
+	got := waitKind(t, raw, name, "a head waiting", func(e []string) bool { return count(e, "holds queue") == 1 })
+	var pid int32
+	for _, e := range got {
+		if strings.Contains(e, "holds slot") {
+			fmt.Sscanf(e, "pid %d", &pid)
+		}
+	}
+	var ok bool
+	if err := raw.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+	}
+	lostWithin(t, ls, 5*time.Second)
+	r := granted(t, w, 5*time.Second)
+	release(t, r.ls)
+	noResidue(t, raw, name)
+}
+
+// A wait for a permit cut short leaves nothing behind: not its place in the
+// queue, nor a hold of the limit's key.
+func TestSemaphoreCancelledWait(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	sa, _ := a.Semaphore(name, 1)
+	sb, _ := b.Semaphore(name, 1)
+	ls, err := sa.TryAcquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := kindEntries(ctx, raw, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		wctx, cancel := context.WithCancel(ctx)
+		w1, w2 := semAsync(wctx, sb), semAsync(wctx, sb)
+		waitKind(t, raw, name, "a head and a queued waiter", func(e []string) bool { return count(e, "queue") == 2 })
+		cancel()
+		for _, w := range []<-chan result{w1, w2} {
+			if r := <-w; !errors.Is(r.err, dlock.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
+				t.Fatalf("cancelled wait: got %v, %v", r.ls, r.err)
+			}
+		}
+		waitKind(t, raw, name, "the holder alone", func(e []string) bool { return slices.Equal(e, before) })
+	}
+	release(t, ls)
+	noResidue(t, raw, name)
+}
