@@ -12,6 +12,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // kindEntries lists the pg_locks rows of every key of name, in every kind's
@@ -55,6 +56,31 @@ func kindEntries(ctx context.Context, c *pgx.Conn, name string) ([]string, error
 			how = "holds"
 		}
 		left = append(left, fmt.Sprintf("pid %d %s %s (%s)", pid, how, *what, mode))
+	}
+	return left, rows.Err()
+}
+
+// metadataRows lists the rows of the metadata table (public schema) for
+// name, as "metadata of pid <pid>: <metadata>"; none while the table does
+// not exist.
+func metadataRows(ctx context.Context, c *pgx.Conn, name string) ([]string, error) {
+	rows, err := c.Query(ctx, `SELECT pid, metadata FROM dlock_metadata WHERE key = $1 ORDER BY pid`, name)
+	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42P01" {
+			return nil, nil
+		}
+		return nil, err
+	}
+	defer rows.Close()
+	var left []string
+	for rows.Next() {
+		var pid int32
+		var meta string
+		if err := rows.Scan(&pid, &meta); err != nil {
+			return nil, err
+		}
+		left = append(left, fmt.Sprintf("metadata of pid %d: %s", pid, meta))
 	}
 	return left, rows.Err()
 }
@@ -496,4 +522,116 @@ func TestSemaphoreCancelledWait(t *testing.T) {
 	}
 	release(t, ls)
 	noResidue(t, raw, name)
+}
+
+// Leader election on PostgreSQL: the leader's candidate id, term (its
+// fencing token) and grant time come from the metadata its session
+// recorded; a resignation hands leadership to the waiting candidate, with
+// a higher term; a terminated leader's row is no longer read, and the next
+// leader's grant deletes it; nothing is left once the last leader resigned.
+func TestElection(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	before := time.Now()
+	la, err := a.Elect(ctx, name, "alpha", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := b.Leader(ctx, name)
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case !ld.Held || ld.Candidate != "alpha" || ld.Term != fence(t, la):
+		t.Fatalf("Leader: %+v, want alpha with term %d", ld, fence(t, la))
+	case ld.Since.Before(before.Add(-time.Minute)) || ld.Since.After(time.Now().Add(time.Minute)):
+		t.Errorf("Leader's Since %v, want about %v", ld.Since, before)
+	}
+	obs, err := b.Observe(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-obs; got.Candidate != "alpha" {
+		t.Fatalf("Observe's first leader: %+v, want alpha", got)
+	}
+	wb := make(chan result, 1)
+	go func() {
+		ls, err := b.Elect(ctx, name, "beta", nil)
+		wb <- result{ls, err, time.Now()}
+	}()
+	waiting(t, raw, name, 1)
+	release(t, la)
+	rb := granted(t, wb, 5*time.Second)
+	for got := range obs {
+		if got.Held && got.Candidate == "beta" {
+			if got.Term <= fence(t, la) || got.Term != fence(t, rb.ls) {
+				t.Errorf("beta's term %d, alpha's was %d, beta's lease has %d", got.Term, fence(t, la), fence(t, rb.ls))
+			}
+			break
+		}
+	}
+	// beta's backend is terminated: it no longer leads, and its row is not
+	// read as anyone's.
+	pid := holderPID(t, raw, name)
+	var ok bool
+	if err := raw.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+	}
+	lostWithin(t, rb.ls, 5*time.Second)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		ld, err := a.Leader(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ld.Held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Leader after the leader's backend ended: %+v, want nobody", ld)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	lg, err := a.Elect(ctx, name, "gamma", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows, err := metadataRows(ctx, raw, name); err != nil || len(rows) != 1 || !strings.HasSuffix(rows[0], ": gamma") {
+		t.Errorf("metadata rows once gamma leads: %v, %v; want gamma's alone", rows, err)
+	}
+	release(t, lg)
+	noResidue(t, raw, name)
+	if rows, err := metadataRows(ctx, raw, name); err != nil || len(rows) != 0 {
+		t.Errorf("metadata rows after the last resignation: %v, %v", rows, err)
+	}
+}
+
+// A connection kept from a lease with metadata (parked, see TestParkedConnection)
+// carries none of it into the next lease of the same name.
+func TestMetadataNotInherited(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	a := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	opts := &dlock.Options{TTL: 5 * time.Second, Metadata: "first"}
+	ls, err := a.TryAcquire(ctx, name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := a.Inspect(ctx, name)
+	if err != nil || info.Metadata != "first" || !info.HasFence || info.Fence != fence(t, ls) {
+		t.Fatalf("Inspect: %+v, %v; want metadata first and the lease's fence", info, err)
+	}
+	release(t, ls)
+	ls, err = a.TryAcquire(ctx, name, &dlock.Options{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err = a.Inspect(ctx, name)
+	if err != nil || !info.Held || info.Metadata != "" || info.HasFence {
+		t.Fatalf("Inspect of a lease without metadata: %+v, %v; want none", info, err)
+	}
+	release(t, ls)
 }

@@ -37,6 +37,7 @@ type lease struct {
 	ks         *kindStmts // the statements of a kind other than KindLock (kinds.go)
 	slot       int32      // a permit's slot
 	relExtra   [][]byte   // a permit's release parameters after release's: slot, limit
+	meta       bool       // the session recorded the lock's metadata (metadata.go)
 	// ms is the session's idle_session_timeout, in milliseconds, as the
 	// acquisition or the last refresh set it; "" after held.sql set it to
 	// the time left. The Locker serialises the statements that use it.
@@ -330,6 +331,17 @@ func (h *lease) Release(ctx context.Context) error {
 	}
 	if h.ks != nil {
 		return h.releaseKind(ctx)
+	}
+	if h.meta {
+		// The row goes first: the session may hold another lease next.
+		if err := h.dropMetadata(ctx); err != nil {
+			if !h.fail(err) {
+				h.giveUp()
+				h.end(time.Time{}, 0, false)
+			}
+			return fmt.Errorf("postgres: release of %q: forgetting its metadata failed, connection closed (the lock ends with its session): %w", h.name, err)
+		}
+		h.meta = false
 	}
 	r := &h.relRow
 	park := h.ms != "" && h.ttl >= parkMinTTL && h.d.reserve()

@@ -251,6 +251,9 @@ func newDriver(pool *pgxpool.Pool, opts *Options, ownsPool bool) *driver {
 	d.waitStmt, d.waitKept = acquire(waitTake, prevSettings), acquire(waitTakeKept, prevKept)
 	d.tryStmt, d.tryKept = acquire(tryTake, prevSettings), acquire(tryTakeKept, prevKept)
 	d.kinds = newKindStmts(fence)
+	if d.fencing {
+		d.meta = newMetadataStmts(d.fence)
+	}
 	d.defaults = o.Defaults
 	return d
 }
@@ -271,6 +274,7 @@ type driver struct {
 	maxParked                            int // see park
 	// the statements of the other kinds (kinds.go), by Kind
 	kinds [dlockdriver.KindWrite + 1]*kindStmts
+	meta  *metadataStmts // nil without fencing (metadata.go)
 
 	mu       sync.Mutex
 	closed   bool
@@ -291,6 +295,8 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		ExpirySlack:  ExpirySlack,
 		// The session holds the lock: a connection reset ends both.
 		ConnectionBound: true,
+		// Metadata lives in a table of the fencing schema (metadata.go).
+		Metadata:        d.fencing,
 		Semaphore:       true,
 		PermitFencing:   d.fencing,
 		RWLock:          true,
@@ -529,6 +535,16 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string
 		// time the statement waited, which cannot exceed what the client saw.
 		w := time.Duration(r.waited * float64(time.Second))
 		sent = sent.Add(max(0, min(w, recv.Sub(sent))))
+	}
+	if req.Metadata != "" && d.meta != nil && req.Kind == dlockdriver.KindLock {
+		if err := d.storeMetadata(ctx, h, fence, req.Metadata); err != nil {
+			discard(c)
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+			}
+			return nil, fmt.Errorf("postgres: acquiring %q: storing its metadata: %w", req.Name, err)
+		}
+		h.meta = true
 	}
 	h.lastSent, h.idle = sent, recv
 	if !d.track(h) {
