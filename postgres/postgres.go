@@ -296,10 +296,10 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		// The session holds the lock: a connection reset ends both.
 		ConnectionBound: true,
 		// Metadata lives in a table of the fencing schema (metadata.go).
-		Metadata:        d.fencing,
-		Semaphore:       true,
-		PermitFencing:   d.fencing,
-		RWLock:          true,
+		Metadata:      d.fencing,
+		Semaphore:     true,
+		PermitFencing: d.fencing,
+		RWLock:        true,
 	}
 }
 
