@@ -53,12 +53,34 @@
 //		return migrate(ctx, fence)
 //	})
 //
+// # Semaphores, read/write locks, leader election
+//
+// The same leases, for other shapes of exclusion, on every backend whose
+// Capabilities declare them (Semaphore, RWLock; elections need Metadata and
+// Fencing); an unsupported one fails at creation with errors.ErrUnsupported:
+//
+//	sem, err := locker.Semaphore("encoders", 3)   // at most 3 permits at once
+//	permit, err := sem.Acquire(ctx, nil)         // a *Lease: Done, Fence, Release…
+//
+//	rw, err := locker.RWLock("catalog")
+//	r, err := rw.RLock(ctx, nil)                 // readers share; Lock is alone
+//
+//	lead, err := locker.Elect(ctx, "controller", hostname, nil) // returns when this one leads
+//	run(lead.Context())                           // ends when leadership is lost
+//	who, err := locker.Leader(ctx, "controller") // who leads, and the term (its fence)
+//
+// Semaphore holders must agree on the limit (ErrLimitMismatch otherwise). A
+// waiting writer keeps new readers out. An election is the lock of that name,
+// its leader's candidate id stored as the lock's metadata; the term is the
+// fence, which strictly increases from leader to leader.
+//
 // # Errors
 //
 // Match with errors.Is: ErrNotAcquired (busy, or the wait ended), ErrNotHeld
 // (ErrLost, ErrReleased), ErrClosed, ErrInvalid (bad input, reported before
 // any I/O), ErrGrantExpired (granted, but the reply came too late for the
-// TTL: not busy). Credentials from URLs never appear in errors.
+// TTL: not busy), ErrLimitMismatch (a semaphore asked for under another
+// limit than its holders'). Credentials from URLs never appear in errors.
 //
 // # Choosing a backend
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -87,4 +88,59 @@ func report(ctx context.Context, name string) {
 	if ctx.Err() == nil {
 		fmt.Println("holding", name)
 	}
+}
+
+// A semaphore: at most 2 encoders at once, across every process using the
+// name; a third TryAcquire is refused until a permit comes back.
+func ExampleSemaphore() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-semaphore")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	sem, err := locker.Semaphore("encoders", 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	a, _ := sem.Acquire(ctx, nil)
+	b, _ := sem.Acquire(ctx, nil)
+	_, err = sem.TryAcquire(ctx, nil)
+	fmt.Println("third permit refused:", errors.Is(err, dlock.ErrNotAcquired))
+	_ = a.Release(ctx)
+	c, err := sem.TryAcquire(ctx, nil)
+	fmt.Println("after a release:", err == nil)
+	_ = b.Release(ctx)
+	_ = c.Release(ctx)
+	// Output:
+	// third permit refused: true
+	// after a release: true
+}
+
+// Leader election: Elect returns when this candidate leads; the lease's
+// Context ends if leadership is lost, and its fence is the term.
+func ExampleLocker_Elect() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-elect")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	lead, err := locker.Elect(ctx, "controller", "pod-a", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	who, err := locker.Leader(ctx, "controller")
+	if err != nil {
+		log.Fatal(err)
+	}
+	term, _ := lead.Fence()
+	fmt.Println(who.Candidate, "leads, term matches:", who.Term == term)
+	// run the controller under lead.Context() …
+	_ = lead.Release(ctx) // resign
+	who, _ = locker.Leader(ctx, "controller")
+	fmt.Println("after resigning, anyone leads:", who.Held)
+	// Output:
+	// pod-a leads, term matches: true
+	// after resigning, anyone leads: false
 }

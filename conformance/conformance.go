@@ -107,6 +107,9 @@ func RunConfig(t *testing.T, h Harness, cfg Config) {
 	for _, tc := range tests {
 		runTest(t, h, caps, cfg, tc)
 	}
+	for _, tc := range primitiveTests {
+		runTest(t, h, caps, cfg, tc)
+	}
 }
 
 // RunChaos runs the Chaos section alone, for a harness that breaks the

@@ -98,5 +98,5 @@ func TestConformance(t *testing.T) {
 	}
 	srv := servers.RequireNewWith(t, servers.ZooKeeper, fastConfig)
 	h := harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr(), 10*time.Second), root: "/dlock-conformance"}
-	conformance.Run(t, ownServer{h, srv})
+	conformance.Run(t, reconnecting{ownServer{h, srv}})
 }

@@ -81,7 +81,10 @@ with dlock, the floor and each peer side by side:
   postgres   pg_advisory_lock / pg_try_advisory_lock through pgx
 Peers that poll (redsync, redislock) retry every 10ms.
 
-dlock bench queue measures the task queue instead (dlock bench queue -h).
+dlock bench queue measures the task queue instead (dlock bench queue -h), and
+dlock bench primitives semaphores, read locks and leader failover (dlock bench
+primitives -h), and dlock bench hold many leases held by one Locker (dlock
+bench hold -h).
 
 The table goes to stdout, progress to stderr. -o and -html also write the
 report to a file; -html's page is self-contained (its charts included) and
@@ -125,6 +128,12 @@ func (u urlFlag) Set(v string) error {
 func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "queue" {
 		return benchQueueMain(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "primitives" {
+		return benchPrimMain(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "hold" {
+		return benchHoldMain(ctx, args[1:], stdout, stderr)
 	}
 	fs, o := benchFlagSet(stderr)
 	if err := fs.Parse(args); err != nil {

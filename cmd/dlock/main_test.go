@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -219,5 +220,25 @@ func TestBenchQueueMemory(t *testing.T) {
 	}
 	if code, _, _ := runCmd(t, "bench", "queue", "-backends", "etcd"); code != 2 {
 		t.Errorf("-backends etcd: status %d, want 2", code)
+	}
+}
+
+func TestBenchPrimitivesMemory(t *testing.T) {
+	code, out, errOut := runCmd(t, "bench", "primitives", "-backends", "memory", "-n", "20", "-duration", "100ms",
+		"-failovers", "2", "-ttl", "50ms", "-q")
+	if code != 0 {
+		t.Fatalf("status %d; stderr:\n%s", code, errOut)
+	}
+	var row []string
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "memory" {
+			row = f
+		}
+	}
+	if len(row) != 9 || slices.Contains(row, "-") || row[3] == "0" || row[8] != "50ms" {
+		t.Fatalf("memory row %q in:\n%s", row, out)
+	}
+	if code, _, _ := runCmd(t, "bench", "primitives", "-backends", "nosuch"); code != 2 {
+		t.Errorf("-backends nosuch: status %d, want 2", code)
 	}
 }

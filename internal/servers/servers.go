@@ -927,3 +927,34 @@ func pingPostgres(ctx context.Context, addr string) error {
 		return fmt.Errorf("postgres startup: unexpected message %q", hdr[0])
 	}
 }
+
+// CPUTime is the CPU time the server's container has used since it
+// started, from its cgroup (v1 cpuacct or v2 cpu.stat). It fails for an
+// external server.
+func (s *Server) CPUTime() (time.Duration, error) {
+	if s.external || s.containerID == "" {
+		return 0, fmt.Errorf("servers: %s: not a container of ours", s)
+	}
+	return containerCPU(s.containerID)
+}
+
+// containerCPU reads a container's CPU time from its cgroup.
+func containerCPU(id string) (time.Duration, error) {
+	if b, err := os.ReadFile("/sys/fs/cgroup/cpuacct/docker/" + id + "/cpuacct.usage"); err == nil {
+		ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return time.Duration(ns), err
+	}
+	for _, dir := range []string{"/sys/fs/cgroup/system.slice/docker-" + id + ".scope", "/sys/fs/cgroup/docker/" + id} {
+		b, err := os.ReadFile(dir + "/cpu.stat")
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+				us, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return time.Duration(us) * time.Microsecond, err
+			}
+		}
+	}
+	return 0, fmt.Errorf("servers: no cgroup CPU accounting found for container %.12s", id)
+}

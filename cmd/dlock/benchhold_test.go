@@ -1,0 +1,37 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/dlock/dlock/internal/servers"
+)
+
+// dlock bench hold on a real server: every lease held and none lost, the
+// connections counted, and a row per N.
+func TestBenchHoldRedis(t *testing.T) {
+	addr := servers.Require(t, servers.Redis).Addr()
+	code, out, errOut := runCmd(t, "bench", "hold", "-backends", "redis", "-url", "redis=redis://"+addr+"/0",
+		"-n", "10,50", "-hold", "500ms", "-ttl", "1s", "-q")
+	if code != 0 {
+		t.Fatalf("status %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	rows := 0
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "redis" {
+			continue
+		}
+		rows++
+		// backend N acquired acquire cpu server-cpu conns heap "B" lost release
+		if len(f) != 11 || f[1] != f[2] || f[9] != "0" || f[6] == "0" || f[6] == "-" {
+			t.Errorf("row %q: want every lease acquired, none lost, connections counted", f)
+		}
+	}
+	if rows != 2 {
+		t.Fatalf("%d redis rows in:\n%s", rows, out)
+	}
+	if code, _, _ := runCmd(t, "bench", "hold", "-n", "0"); code != 2 {
+		t.Errorf("-n 0: status %d, want 2", code)
+	}
+}

@@ -1,0 +1,739 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock"
+)
+
+// The sections for semaphores, read/write locks and leader election. Each
+// runs only on a driver that declares the primitive and is skipped, by
+// name, on the others.
+var primitiveTests = []testCase{
+	// Several lockers × many rounds on one semaphore of limit 3: never more
+	// than 3 permits inside their validity at once (intervals on one clock),
+	// every locker gets permits, and with PermitFencing each locker's
+	// tokens strictly increase and no two grants share one.
+	{name: "SemaphoreLimit", need: needSemaphore, fn: testSemaphoreLimit},
+	// TryAcquire takes up to the limit and then fails with ErrNotAcquired; a
+	// blocked Acquire is granted promptly after a release, long before the
+	// holders' TTL; a permit's late Release after its expiry reports
+	// not-held and leaves the new holder's permit alone.
+	{name: "SemaphoreTryAcquireAndWait", need: needSemaphore, fn: testSemaphoreTry},
+	// An acquisition under another limit than the holders' fails with
+	// ErrLimitMismatch (TryAcquire and Acquire, promptly) and takes
+	// nothing; once the holders are gone the new limit is accepted.
+	{name: "SemaphoreLimitMismatch", need: needSemaphore, fn: testSemaphoreMismatch},
+	// A black-holed permit holder loses its permit by its ValidUntil, and
+	// nobody gets the permit before then.
+	{name: "SemaphoreExpiryBlackholed", need: needSemaphore, fn: testSemaphoreExpiry},
+	// Readers and writers loop on one read/write lock: a valid writer never
+	// overlaps another writer or a reader (intervals on one clock), and
+	// writers' fencing tokens follow write-grant order.
+	{name: "RWLockExclusion", need: needRWLock, fn: testRWExclusion},
+	// Readers share: several TryRLock succeed together while TryLock fails;
+	// a writer holding keeps TryRLock out; readers' leases carry no fence.
+	{name: "RWLockReadersShare", need: needRWLock, fn: testRWShare},
+	// A waiting writer keeps new readers out (TryRLock fails soon after the
+	// writer started waiting behind a reader), is granted promptly when the
+	// reader releases, and a writer that gives up its wait lets readers in
+	// again.
+	{name: "RWLockWriterPreference", need: needRWLock, fn: testRWWriterPreference},
+	// A black-holed writer loses the lock by its ValidUntil and no reader
+	// gets it before then.
+	{name: "RWLockExpiryBlackholed", need: needRWLock, fn: testRWExpiry},
+	// Candidates on several lockers elect, lead and resign in turns: never
+	// two valid leaderships at once, terms strictly increase from one leader
+	// to the next, and Leader names the current one with its term.
+	{name: "ElectionOneLeader", need: needElection, fn: testElectionOneLeader},
+	// Observe reports the current leader first, then each change: a new
+	// leader with a higher term after a resignation, and nobody once the
+	// last one resigned.
+	{name: "ElectionObserve", need: needElection, fn: testElectionObserve},
+	// A black-holed leader's leadership ends by its ValidUntil; the waiting
+	// candidate is elected after that, not before, with a higher term.
+	{name: "ElectionFailover", need: needElection, fn: testElectionFailover},
+}
+
+func needSemaphore(c dlock.Capabilities) string {
+	if !c.Semaphore {
+		return "Semaphore"
+	}
+	return ""
+}
+
+func needRWLock(c dlock.Capabilities) string {
+	if !c.RWLock {
+		return "RWLock"
+	}
+	return ""
+}
+
+func needElection(c dlock.Capabilities) string {
+	switch {
+	case !c.Metadata:
+		return "Metadata (for Election)"
+	case !c.Fencing:
+		return "Fencing (for Election)"
+	}
+	return ""
+}
+
+// interval is a lease's believed-held time: from when its grant returned
+// to when its holder stopped using it or its ValidUntil, whichever came
+// first.
+type interval struct {
+	from, to time.Time
+	who      int
+	write    bool // for read/write locks
+	fence    uint64
+}
+
+// hold records the interval of ls, held until now (or its ValidUntil).
+func hold(ls *dlock.Lease, from time.Time, who int, write bool) interval {
+	to := time.Now()
+	if vu := ls.ValidUntil(); vu.Before(to) {
+		to = vu
+	}
+	f, _ := ls.Fence()
+	return interval{from: from, to: to, who: who, write: write, fence: f}
+}
+
+// maxOverlap is the largest number of intervals that contain one instant.
+func maxOverlap(ivs []interval) int {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	edges := make([]edge, 0, 2*len(ivs))
+	for _, iv := range ivs {
+		edges = append(edges, edge{iv.from, 1}, edge{iv.to, -1})
+	}
+	// Ends before starts at the same instant: touching is not overlapping.
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].at.Equal(edges[j].at) {
+			return edges[i].delta < edges[j].delta
+		}
+		return edges[i].at.Before(edges[j].at)
+	})
+	n, most := 0, 0
+	for _, e := range edges {
+		n += e.delta
+		most = max(most, n)
+	}
+	return most
+}
+
+func (s *suite) semaphore(l *dlock.Locker, name string, limit int) *dlock.Semaphore {
+	s.t.Helper()
+	sem, err := l.Semaphore(name, limit)
+	if err != nil {
+		s.t.Fatalf("Semaphore(%q, %d): %v", name, limit, err)
+	}
+	return sem
+}
+
+func (s *suite) rwlock(l *dlock.Locker, name string) *dlock.RWLock {
+	s.t.Helper()
+	rw, err := l.RWLock(name)
+	if err != nil {
+		s.t.Fatalf("RWLock(%q): %v", name, err)
+	}
+	return rw
+}
+
+// loop runs n workers, each calling round rounds times, and fails the test
+// with the first error.
+func (s *suite) loop(n, rounds int, round func(who int) error) {
+	s.t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for who := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				if err := round(who); err != nil {
+					errs <- fmt.Errorf("worker %d: %w", who, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		s.t.Fatal(err)
+	}
+}
+
+func testSemaphoreLimit(s *suite) {
+	const limit, lockers, rounds = 3, 6, 8
+	name := s.name()
+	sems := make([]*dlock.Semaphore, lockers)
+	for i := range sems {
+		l, _ := s.locker(s.opts())
+		sems[i] = s.semaphore(l, name, limit)
+	}
+	var (
+		mu   sync.Mutex
+		ivs  []interval
+		last = make([]uint64, lockers)
+	)
+	s.loop(lockers, rounds, func(who int) error {
+		ls, err := sems[who].Acquire(s.ctx, nil)
+		if err != nil {
+			return err
+		}
+		from := time.Now()
+		time.Sleep(2 * time.Millisecond) // hold it a little, so that permits overlap
+		iv := hold(ls, from, who, false)
+		if err := ls.Release(s.ctx); err != nil {
+			return err
+		}
+		if f, ok := ls.Fence(); ok != s.caps.PermitFencing {
+			return fmt.Errorf("permit Fence() has token = %v, but PermitFencing is %v", ok, s.caps.PermitFencing)
+		} else if ok {
+			if f <= last[who] {
+				return fmt.Errorf("permit token %d after this locker's %d: not increasing", f, last[who])
+			}
+			last[who] = f
+		}
+		mu.Lock()
+		ivs = append(ivs, iv)
+		mu.Unlock()
+		return nil
+	})
+	if n := maxOverlap(ivs); n > limit {
+		s.t.Fatalf("%d permits were valid at once, limit %d", n, limit)
+	}
+	if s.caps.PermitFencing {
+		seen := map[uint64]bool{}
+		for _, iv := range ivs {
+			if seen[iv.fence] {
+				s.t.Fatalf("two permits got the token %d", iv.fence)
+			}
+			seen[iv.fence] = true
+		}
+	}
+}
+
+func testSemaphoreTry(s *suite) {
+	const limit = 2
+	name := s.name()
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	semA, semB := s.semaphore(a, name, limit), s.semaphore(b, name, limit)
+	var held []*dlock.Lease
+	for i := range limit {
+		ls, err := semA.TryAcquire(s.ctx, nil)
+		if err != nil {
+			s.t.Fatalf("TryAcquire %d of %d: %v", i+1, limit, err)
+		}
+		held = append(held, ls)
+	}
+	if ls, err := semB.TryAcquire(s.ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) || ls != nil {
+		s.t.Fatalf("TryAcquire past the limit: %v, %v; want ErrNotAcquired", ls, err)
+	} else if s.ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		s.t.Fatalf("TryAcquire past the limit carries a context error: %v", err)
+	}
+	// A blocked waiter is granted on a release, well before the TTL.
+	type result struct {
+		ls  *dlock.Lease
+		err error
+		at  time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		ls, err := semB.Acquire(s.ctx, s.opts(ttl(5*s.cfg.TTL)))
+		got <- result{ls, err, time.Now()}
+	}()
+	time.Sleep(s.cfg.TTL / 5) // let it block (a release before it does is fine too)
+	released := time.Now()
+	s.release(held[0])
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(s.cfg.TTL + s.caps.ExpirySlack + s.tol()):
+		s.t.Fatal("the waiter was not granted within a TTL of a release")
+	}
+	if r.err != nil {
+		s.t.Fatalf("waiter: %v", r.err)
+	}
+	if s.caps.NotifiedWait {
+		if d := r.at.Sub(released); d > s.tol() {
+			s.t.Errorf("the waiter was granted %v after the release (NotifiedWait; tolerance %v%s)", d, s.tol(), s.scaled())
+		}
+	}
+	s.release(r.ls)
+	s.release(held[1])
+
+	// A permit that expired (no refresh) is taken by another; the late
+	// Release of the first reports not-held and leaves the second alone.
+	old, err := semA.TryAcquire(s.ctx, s.opts(noRefresh))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	fill, err := semA.TryAcquire(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.waitDone(old, s.cfg.TTL+s.tol())
+	next, err := semB.Acquire(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := old.Release(s.ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		s.t.Fatalf("late Release of an expired permit: %v; want ErrNotHeld", err)
+	}
+	s.stillHeld(next)
+	s.stillHeld(fill)
+	s.release(next)
+	s.release(fill)
+}
+
+func testSemaphoreMismatch(s *suite) {
+	name := s.name()
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	ls, err := s.semaphore(a, name, 2).TryAcquire(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	other := s.semaphore(b, name, 3)
+	if got, err := other.TryAcquire(s.ctx, nil); !errors.Is(err, dlock.ErrLimitMismatch) || got != nil {
+		s.t.Fatalf("TryAcquire under limit 3 while a permit is held under 2: %v, %v; want ErrLimitMismatch", got, err)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.TTL+s.tol())
+	got, err := other.Acquire(ctx, nil)
+	cancel()
+	if !errors.Is(err, dlock.ErrLimitMismatch) || got != nil {
+		s.t.Fatalf("Acquire under limit 3 while a permit is held under 2: %v, %v after %v; want ErrLimitMismatch at once",
+			got, err, time.Since(start))
+	}
+	// Nothing was taken: the second permit of limit 2 is still free.
+	second, err := s.semaphore(b, name, 2).TryAcquire(s.ctx, nil)
+	if err != nil {
+		s.t.Fatalf("the second permit after refused mismatches: %v", err)
+	}
+	s.release(second)
+	s.release(ls)
+	// With no holder left, a new limit is fine.
+	again, err := other.TryAcquire(s.ctx, nil)
+	if err != nil {
+		s.t.Fatalf("limit 3 once every limit-2 permit was released: %v", err)
+	}
+	s.release(again)
+}
+
+func testSemaphoreExpiry(s *suite) {
+	name := s.name()
+	holder, hf := s.locker(s.opts())
+	contender, _ := s.locker(s.opts())
+	semH, semC := s.semaphore(holder, name, 1), s.semaphore(contender, name, 1)
+	ls, err := semH.Acquire(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	hf.Blackhole()
+	defer hf.Heal()
+	validUntil := ls.ValidUntil()
+	got, err := semC.Acquire(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	granted := time.Now()
+	if granted.Before(validUntil) {
+		s.t.Fatalf("a permit of limit 1 was granted %v before the black-holed holder's ValidUntil", validUntil.Sub(granted))
+	}
+	select {
+	case <-ls.Done():
+	case <-time.After(time.Until(validUntil) + s.tol()):
+		s.t.Fatalf("the black-holed holder's permit did not end by its ValidUntil (+%v)", s.tol())
+	}
+	if !errors.Is(ls.Err(), dlock.ErrLost) {
+		s.t.Fatalf("holder's Err = %v; want ErrLost", ls.Err())
+	}
+	s.release(got)
+}
+
+func testRWExclusion(s *suite) {
+	const writers, readers, rounds = 2, 3, 8
+	name := s.name()
+	rws := make([]*dlock.RWLock, writers+readers)
+	for i := range rws {
+		l, _ := s.locker(s.opts())
+		rws[i] = s.rwlock(l, name)
+	}
+	var (
+		mu  sync.Mutex
+		ivs []interval
+	)
+	s.loop(writers+readers, rounds, func(who int) error {
+		write := who < writers
+		acquire := rws[who].RLock
+		if write {
+			acquire = rws[who].Lock
+		}
+		ls, err := acquire(s.ctx, nil)
+		if err != nil {
+			return err
+		}
+		from := time.Now()
+		time.Sleep(2 * time.Millisecond)
+		iv := hold(ls, from, who, write)
+		if err := ls.Release(s.ctx); err != nil {
+			return err
+		}
+		mu.Lock()
+		ivs = append(ivs, iv)
+		mu.Unlock()
+		return nil
+	})
+	for i, a := range ivs {
+		for _, b := range ivs[i+1:] {
+			if (a.write || b.write) && a.from.Before(b.to) && b.from.Before(a.to) {
+				s.t.Fatalf("a writer overlapped another holder: [%v, %v] (write %v) and [%v, %v] (write %v)",
+					a.from, a.to, a.write, b.from, b.to, b.write)
+			}
+		}
+	}
+	if s.caps.Fencing {
+		var ws []interval
+		for _, iv := range ivs {
+			if iv.write {
+				ws = append(ws, iv)
+			}
+		}
+		slices.SortFunc(ws, func(a, b interval) int { return a.from.Compare(b.from) })
+		for i := 1; i < len(ws); i++ {
+			if ws[i].fence <= ws[i-1].fence {
+				s.t.Fatalf("writers' tokens out of grant order: %d then %d", ws[i-1].fence, ws[i].fence)
+			}
+		}
+	}
+}
+
+func testRWShare(s *suite) {
+	name := s.name()
+	var rws []*dlock.RWLock
+	for range 3 {
+		l, _ := s.locker(s.opts())
+		rws = append(rws, s.rwlock(l, name))
+	}
+	var rs []*dlock.Lease
+	for i, rw := range rws {
+		ls, err := rw.TryRLock(s.ctx, nil)
+		if err != nil {
+			s.t.Fatalf("reader %d: %v", i, err)
+		}
+		if _, ok := ls.Fence(); ok {
+			s.t.Error("a reader's lease claims a fencing token")
+		}
+		rs = append(rs, ls)
+	}
+	if w, err := rws[0].TryLock(s.ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) || w != nil {
+		s.t.Fatalf("TryLock beside readers: %v, %v; want ErrNotAcquired", w, err)
+	}
+	for _, ls := range rs {
+		s.stillHeld(ls)
+		s.release(ls)
+	}
+	w, err := rws[1].TryLock(s.ctx, nil)
+	if err != nil {
+		s.t.Fatalf("TryLock once the readers left: %v", err)
+	}
+	if _, ok := w.Fence(); ok != s.caps.Fencing {
+		s.t.Errorf("a writer's lease has a token = %v, Fencing %v", ok, s.caps.Fencing)
+	}
+	if r, err := rws[2].TryRLock(s.ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) || r != nil {
+		s.t.Fatalf("TryRLock beside a writer: %v, %v; want ErrNotAcquired", r, err)
+	}
+	if w2, err := rws[2].TryLock(s.ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) || w2 != nil {
+		s.t.Fatalf("TryLock beside a writer: %v, %v; want ErrNotAcquired", w2, err)
+	}
+	s.release(w)
+	r, err := rws[2].TryRLock(s.ctx, nil)
+	if err != nil {
+		s.t.Fatalf("TryRLock once the writer left: %v", err)
+	}
+	s.release(r)
+}
+
+// readersKeptOut waits, up to limit, for TryRLock through rw to fail as
+// busy, releasing any read it gets meanwhile.
+func (s *suite) readersKeptOut(rw *dlock.RWLock, limit time.Duration) bool {
+	s.t.Helper()
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		ls, err := rw.TryRLock(s.ctx, nil)
+		if errors.Is(err, dlock.ErrNotAcquired) {
+			return true
+		}
+		if err != nil {
+			s.t.Fatalf("TryRLock: %v", err)
+		}
+		s.release(ls)
+	}
+	return false
+}
+
+func testRWWriterPreference(s *suite) {
+	name := s.name()
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	c, _ := s.locker(s.opts())
+	rwA, rwB, rwC := s.rwlock(a, name), s.rwlock(b, name), s.rwlock(c, name)
+	r, err := rwA.RLock(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	type result struct {
+		ls  *dlock.Lease
+		err error
+		at  time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		ls, err := rwB.Lock(s.ctx, nil)
+		got <- result{ls, err, time.Now()}
+	}()
+	if !s.readersKeptOut(rwC, s.cfg.TTL+s.tol()) {
+		s.t.Fatalf("new readers still got in %v after a writer started waiting", s.cfg.TTL+s.tol())
+	}
+	s.stillHeld(r) // the reader that held keeps it
+	released := time.Now()
+	s.release(r)
+	var w result
+	select {
+	case w = <-got:
+	case <-time.After(s.cfg.TTL + s.caps.ExpirySlack + s.tol()):
+		s.t.Fatal("the waiting writer was not granted within a TTL of the reader's release")
+	}
+	if w.err != nil {
+		s.t.Fatalf("writer: %v", w.err)
+	}
+	if s.caps.NotifiedWait {
+		if d := w.at.Sub(released); d > s.tol() {
+			s.t.Errorf("the writer was granted %v after the reader's release (NotifiedWait; tolerance %v%s)", d, s.tol(), s.scaled())
+		}
+	}
+	s.release(w.ls)
+
+	// A writer that gives up lets readers in again.
+	r, err = rwA.RLock(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	gaveUp := make(chan error, 1)
+	go func() {
+		ls, err := rwB.Lock(ctx, nil)
+		if ls != nil {
+			_ = ls.Release(s.ctx)
+		}
+		gaveUp <- err
+	}()
+	if !s.readersKeptOut(rwC, s.cfg.TTL+s.tol()) {
+		s.t.Fatal("new readers still got in after a second writer started waiting")
+	}
+	cancel()
+	if err := <-gaveUp; !errors.Is(err, dlock.ErrNotAcquired) {
+		s.t.Fatalf("cancelled writer: %v; want ErrNotAcquired", err)
+	}
+	deadline := time.Now().Add(s.cfg.TTL + s.caps.ExpirySlack + s.tol())
+	for {
+		ls, err := rwC.TryRLock(s.ctx, nil)
+		if err == nil {
+			s.release(ls)
+			break
+		}
+		if !errors.Is(err, dlock.ErrNotAcquired) {
+			s.t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("readers still kept out %v after the only waiting writer gave up", s.cfg.TTL+s.caps.ExpirySlack+s.tol())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.release(r)
+}
+
+func testRWExpiry(s *suite) {
+	name := s.name()
+	holder, hf := s.locker(s.opts())
+	reader, _ := s.locker(s.opts())
+	w, err := s.rwlock(holder, name).Lock(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	hf.Blackhole()
+	defer hf.Heal()
+	validUntil := w.ValidUntil()
+	r, err := s.rwlock(reader, name).RLock(s.ctx, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if granted := time.Now(); granted.Before(validUntil) {
+		s.t.Fatalf("a reader got in %v before the black-holed writer's ValidUntil", validUntil.Sub(granted))
+	}
+	select {
+	case <-w.Done():
+	case <-time.After(time.Until(validUntil) + s.tol()):
+		s.t.Fatalf("the black-holed writer's lease did not end by its ValidUntil (+%v)", s.tol())
+	}
+	s.release(r)
+}
+
+func testElectionOneLeader(s *suite) {
+	const candidates, terms = 3, 4
+	name := s.name()
+	ls := make([]*dlock.Locker, candidates)
+	for i := range ls {
+		ls[i], _ = s.locker(s.opts())
+	}
+	var (
+		mu  sync.Mutex
+		ivs []interval
+	)
+	s.loop(candidates, terms, func(who int) error {
+		me := fmt.Sprintf("candidate-%d", who)
+		lead, err := ls[who].Elect(s.ctx, name, me, nil)
+		if err != nil {
+			return err
+		}
+		from := time.Now()
+		term, ok := lead.Fence()
+		if !ok {
+			return errors.New("a leadership without a term")
+		}
+		ld, err := ls[(who+1)%candidates].Leader(s.ctx, name)
+		if err != nil {
+			return err
+		}
+		if !ld.Held || ld.Candidate != me || ld.Term != term {
+			return fmt.Errorf("Leader = %+v while %s leads with term %d", ld, me, term)
+		}
+		iv := hold(lead, from, who, true)
+		if err := lead.Release(s.ctx); err != nil {
+			return err
+		}
+		mu.Lock()
+		ivs = append(ivs, iv)
+		mu.Unlock()
+		return nil
+	})
+	slices.SortFunc(ivs, func(a, b interval) int { return a.from.Compare(b.from) })
+	for i := 1; i < len(ivs); i++ {
+		if ivs[i].from.Before(ivs[i-1].to) {
+			s.t.Fatalf("two leaders at once: %d from %v to %v and %d from %v", ivs[i-1].who, ivs[i-1].from, ivs[i-1].to, ivs[i].who, ivs[i].from)
+		}
+		if ivs[i].fence <= ivs[i-1].fence {
+			s.t.Fatalf("term %d after term %d: not increasing", ivs[i].fence, ivs[i-1].fence)
+		}
+	}
+}
+
+// nextLeader waits, up to limit, for Observe to report a state that ok
+// accepts, and returns it.
+func (s *suite) nextLeader(c <-chan dlock.Leader, limit time.Duration, what string, ok func(dlock.Leader) bool) dlock.Leader {
+	s.t.Helper()
+	timeout := time.After(limit)
+	var last dlock.Leader
+	for {
+		select {
+		case ld, open := <-c:
+			if !open {
+				s.t.Fatalf("Observe ended waiting for %s", what)
+			}
+			if ok(ld) {
+				return ld
+			}
+			last = ld
+		case <-timeout:
+			s.t.Fatalf("Observe did not report %s within %v (last: %+v)", what, limit, last)
+		}
+	}
+}
+
+func testElectionObserve(s *suite) {
+	name := s.name()
+	a, _ := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	o, _ := s.locker(s.opts())
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	c, err := o.Observe(ctx, name)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	limit := s.cfg.TTL + s.caps.ExpirySlack + s.tol()
+	s.nextLeader(c, limit, "nobody leading", func(ld dlock.Leader) bool { return !ld.Held })
+	la, err := a.Elect(s.ctx, name, "a", nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	termA, _ := la.Fence()
+	s.nextLeader(c, limit, "a leading", func(ld dlock.Leader) bool { return ld.Held && ld.Candidate == "a" && ld.Term == termA })
+	elected := make(chan *dlock.Lease, 1)
+	go func() {
+		lb, err := b.Elect(s.ctx, name, "b", nil)
+		if err != nil {
+			s.t.Errorf("b: %v", err)
+		}
+		elected <- lb
+	}()
+	s.release(la)
+	ld := s.nextLeader(c, limit, "b leading", func(ld dlock.Leader) bool { return ld.Held && ld.Candidate == "b" })
+	if ld.Term <= termA {
+		s.t.Fatalf("b's term %d is not above a's %d", ld.Term, termA)
+	}
+	lb := <-elected
+	if lb == nil {
+		return
+	}
+	if termB, _ := lb.Fence(); termB != ld.Term {
+		s.t.Fatalf("Observe says term %d, b's lease %d", ld.Term, termB)
+	}
+	s.release(lb)
+	s.nextLeader(c, limit, "nobody leading after b resigned", func(ld dlock.Leader) bool { return !ld.Held })
+	cancel()
+	for range c { // the channel closes once ctx ended
+	}
+}
+
+func testElectionFailover(s *suite) {
+	name := s.name()
+	a, af := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	la, err := a.Elect(s.ctx, name, "a", nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	termA, _ := la.Fence()
+	af.Blackhole()
+	defer af.Heal()
+	validUntil := la.ValidUntil()
+	lb, err := b.Elect(s.ctx, name, "b", nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if at := time.Now(); at.Before(validUntil) {
+		s.t.Fatalf("b was elected %v before the black-holed leader's ValidUntil", validUntil.Sub(at))
+	}
+	if termB, _ := lb.Fence(); termB <= termA {
+		s.t.Fatalf("b's term %d is not above a's %d", termB, termA)
+	}
+	select {
+	case <-la.Done():
+	case <-time.After(time.Until(validUntil) + s.tol()):
+		s.t.Fatalf("the black-holed leader's leadership did not end by its ValidUntil (+%v)", s.tol())
+	}
+	s.release(lb)
+}

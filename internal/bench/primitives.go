@@ -1,0 +1,297 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dlock/dlock"
+)
+
+// The primitives bench (dlock bench primitives): per backend, a
+// semaphore's acquire+release latency and throughput, a read lock's
+// acquire+release latency, and leader failover time.
+
+// PrimTarget is one backend under test.
+type PrimTarget struct {
+	Backend string
+	URL     string // redacted
+	Open    func(ctx context.Context) (*dlock.Locker, error)
+}
+
+// PrimConfig sizes a primitives run.
+type PrimConfig struct {
+	N        int           // acquire+release samples; default 200
+	Duration time.Duration // of the throughput turn; default 1s
+	Workers  int           // default 8
+	Limit    int           // the semaphore's limit; default 3
+	Failover int           // failovers timed; default 5
+	// TTL of the leaders in the failover rounds: default the larger of 1s
+	// and the backend's MinTTL.
+	TTL      time.Duration
+	Progress io.Writer
+}
+
+func (c PrimConfig) withDefaults() PrimConfig {
+	if c.N <= 0 {
+		c.N = 200
+	}
+	if c.Duration <= 0 {
+		c.Duration = time.Second
+	}
+	if c.Workers <= 0 {
+		c.Workers = 8
+	}
+	if c.Limit <= 0 {
+		c.Limit = 3
+	}
+	if c.Failover <= 0 {
+		c.Failover = 5
+	}
+	return c
+}
+
+// PrimResult is one backend's figures; a nil figure was not measured
+// (the backend lacks the primitive, or it failed: see Errors).
+type PrimResult struct {
+	Backend, URL string
+	Unsupported  []string // primitives the backend does not offer
+	Semaphore    *Latency // acquire+release, one worker, nobody else
+	SemaphoreOps float64  // acquire+release/s of Workers workers sharing the limit
+	Read         *Latency // RLock+release, one worker
+	Failover     *Latency // leader stops refreshing → the next candidate's Elect returns
+	FailoverTTL  time.Duration
+	Errors       []string
+}
+
+// RunPrimitives measures every target.
+func RunPrimitives(ctx context.Context, cfg PrimConfig, targets []PrimTarget) []PrimResult {
+	cfg = cfg.withDefaults()
+	say := func(format string, a ...any) {
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, format+"\n", a...)
+		}
+	}
+	var out []PrimResult
+	for _, t := range targets {
+		res := PrimResult{Backend: t.Backend, URL: t.URL}
+		fail := func(what string, err error) {
+			res.Errors = append(res.Errors, what+": "+err.Error())
+			say("%-9s %s FAILED: %v", t.Backend, what, err)
+		}
+		l, err := t.Open(ctx)
+		if err != nil {
+			fail("open", err)
+			out = append(out, res)
+			continue
+		}
+		caps := l.Capabilities()
+		_ = l.Close(ctx)
+		name := "dlock-bench-p:" + runID()
+		if caps.Semaphore {
+			if lat, err := primLatency(ctx, cfg, t, func(l *dlock.Locker) (func(context.Context) (*dlock.Lease, error), error) {
+				sem, err := l.Semaphore(name+":sem1", cfg.Limit)
+				if err != nil {
+					return nil, err
+				}
+				return func(ctx context.Context) (*dlock.Lease, error) { return sem.Acquire(ctx, nil) }, nil
+			}); err != nil {
+				fail("semaphore", err)
+			} else {
+				res.Semaphore = &lat
+				say("%-9s semaphore acquire+release p50 %s p99 %s", t.Backend, FormatDuration(lat.P50), FormatDuration(lat.P99))
+			}
+			if ops, err := semThroughput(ctx, cfg, t, name+":sem8"); err != nil {
+				fail("semaphore throughput", err)
+			} else {
+				res.SemaphoreOps = ops
+				say("%-9s semaphore %d workers, limit %d: %s/s", t.Backend, cfg.Workers, cfg.Limit, formatOps(ops))
+			}
+		} else {
+			res.Unsupported = append(res.Unsupported, "semaphore")
+		}
+		if caps.RWLock {
+			if lat, err := primLatency(ctx, cfg, t, func(l *dlock.Locker) (func(context.Context) (*dlock.Lease, error), error) {
+				rw, err := l.RWLock(name + ":rw")
+				if err != nil {
+					return nil, err
+				}
+				return func(ctx context.Context) (*dlock.Lease, error) { return rw.RLock(ctx, nil) }, nil
+			}); err != nil {
+				fail("read lock", err)
+			} else {
+				res.Read = &lat
+				say("%-9s read lock acquire+release p50 %s p99 %s", t.Backend, FormatDuration(lat.P50), FormatDuration(lat.P99))
+			}
+		} else {
+			res.Unsupported = append(res.Unsupported, "rwlock")
+		}
+		if caps.Metadata && caps.Fencing {
+			res.FailoverTTL = cfg.TTL
+			if res.FailoverTTL <= 0 {
+				res.FailoverTTL = max(time.Second, caps.MinTTL)
+			}
+			if lat, err := failover(ctx, cfg, t, name+":elect", res.FailoverTTL); err != nil {
+				fail("failover", err)
+			} else {
+				res.Failover = &lat
+				say("%-9s leader failover p50 %s p99 %s (TTL %v)", t.Backend, FormatDuration(lat.P50), FormatDuration(lat.P99), res.FailoverTTL)
+			}
+		} else {
+			res.Unsupported = append(res.Unsupported, "election")
+		}
+		out = append(out, res)
+	}
+	return out
+}
+
+// primLatency times cfg.N acquire+release pairs through one Locker.
+func primLatency(ctx context.Context, cfg PrimConfig, t PrimTarget, prep func(*dlock.Locker) (func(context.Context) (*dlock.Lease, error), error)) (Latency, error) {
+	l, err := t.Open(ctx)
+	if err != nil {
+		return Latency{}, err
+	}
+	defer closeLocker(l)
+	acquire, err := prep(l)
+	if err != nil {
+		return Latency{}, err
+	}
+	samples := make([]time.Duration, 0, cfg.N)
+	start := time.Now()
+	for i := range cfg.N + 5 { // the first 5 warm up
+		t0 := time.Now()
+		ls, err := acquire(ctx)
+		if err != nil {
+			return Latency{}, err
+		}
+		if err := ls.Release(ctx); err != nil {
+			return Latency{}, err
+		}
+		if i >= 5 {
+			samples = append(samples, time.Since(t0))
+		} else {
+			start = time.Now()
+		}
+	}
+	return Summarize(samples, time.Since(start)), nil
+}
+
+// semThroughput runs cfg.Workers workers, each with its own Locker, taking
+// and giving back permits of one semaphore for cfg.Duration.
+func semThroughput(ctx context.Context, cfg PrimConfig, t PrimTarget, name string) (float64, error) {
+	sems := make([]*dlock.Semaphore, cfg.Workers)
+	for i := range sems {
+		l, err := t.Open(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer closeLocker(l)
+		if sems[i], err = l.Semaphore(name, cfg.Limit); err != nil {
+			return 0, err
+		}
+	}
+	return parallel(ctx, cfg.Workers, cfg.Duration, func(w, _ int) (bool, error) {
+		ls, err := sems[w].Acquire(ctx, nil)
+		if err != nil {
+			return false, err
+		}
+		return true, ls.Release(ctx)
+	})
+}
+
+// failover times cfg.Failover failovers: a leader elected without refresh
+// (its process stops refreshing at once), then a candidate's Elect; each
+// sample runs from the leader's grant to the candidate's
+// Elect returning, so it is the TTL plus what the backend and dlock add.
+func failover(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, ttl time.Duration) (Latency, error) {
+	a, err := t.Open(ctx)
+	if err != nil {
+		return Latency{}, err
+	}
+	defer closeLocker(a)
+	b, err := t.Open(ctx)
+	if err != nil {
+		return Latency{}, err
+	}
+	defer closeLocker(b)
+	var samples []time.Duration
+	start := time.Now()
+	for i := range cfg.Failover {
+		n := fmt.Sprintf("%s:%d", name, i)
+		lead, err := a.Elect(ctx, n, "a", &dlock.Options{TTL: ttl, NoRefresh: true})
+		if err != nil {
+			return Latency{}, err
+		}
+		granted := time.Now()
+		next, err := b.Elect(ctx, n, "b", &dlock.Options{TTL: ttl})
+		if err != nil {
+			return Latency{}, err
+		}
+		at := time.Now()
+		if _, ok := lead.Fence(); !ok {
+			return Latency{}, errors.New("a leadership without a term")
+		}
+		samples = append(samples, at.Sub(granted))
+		if err := next.Release(ctx); err != nil {
+			return Latency{}, err
+		}
+		_ = lead.Release(ctx) // lost by now: ErrNotHeld
+	}
+	return Summarize(samples, time.Since(start)), nil
+}
+
+func closeLocker(l *dlock.Locker) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = l.Close(ctx)
+}
+
+// WritePrimitivesText writes the results as a table.
+func WritePrimitivesText(w io.Writer, cfg PrimConfig, results []PrimResult) error {
+	cfg = cfg.withDefaults()
+	fmt.Fprintf(w, "dlock bench primitives: %d samples each; semaphore limit %d, %d workers for %v; %d failovers\n\n",
+		cfg.N, cfg.Limit, cfg.Workers, cfg.Duration, cfg.Failover)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "backend\tpermit p50\tp99\tpermits/s\tread p50\tp99\tfailover p50\tp99\tleader TTL")
+	dash := func(l *Latency, p99 bool) string {
+		switch {
+		case l == nil:
+			return "-"
+		case p99:
+			return FormatDuration(l.P99)
+		}
+		return FormatDuration(l.P50)
+	}
+	for _, r := range results {
+		ops, ttl := "-", "-"
+		if r.SemaphoreOps > 0 {
+			ops = formatOps(r.SemaphoreOps)
+		}
+		if r.Failover != nil {
+			ttl = r.FailoverTTL.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Backend,
+			dash(r.Semaphore, false), dash(r.Semaphore, true), ops,
+			dash(r.Read, false), dash(r.Read, true),
+			dash(r.Failover, false), dash(r.Failover, true), ttl)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\npermit: Semaphore.Acquire + Release, nobody else waiting; permits/s: that with the workers\n"+
+		"(each its own Locker) sharing one semaphore. read: RWLock.RLock + Release. failover: from a leader's\n"+
+		"grant (it never refreshes: its process stopped) to the waiting candidate's Elect returning; compare with\n"+
+		"the leader's TTL. '-': the backend does not offer the primitive.")
+	for _, r := range results {
+		for _, u := range r.Unsupported {
+			fmt.Fprintf(w, "%s: no %s\n", r.Backend, u)
+		}
+		for _, e := range r.Errors {
+			fmt.Fprintf(w, "ERROR %s %s\n", r.Backend, e)
+		}
+	}
+	return nil
+}
