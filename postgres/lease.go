@@ -332,17 +332,6 @@ func (h *lease) Release(ctx context.Context) error {
 	if h.ks != nil {
 		return h.releaseKind(ctx)
 	}
-	if h.meta {
-		// The row goes first: the session may hold another lease next.
-		if err := h.dropMetadata(ctx); err != nil {
-			if !h.fail(err) {
-				h.giveUp()
-				h.end(time.Time{}, 0, false)
-			}
-			return fmt.Errorf("postgres: release of %q: forgetting its metadata failed, connection closed (the lock ends with its session): %w", h.name, err)
-		}
-		h.meta = false
-	}
 	r := &h.relRow
 	park := h.ms != "" && h.ttl >= parkMinTTL && h.d.reserve()
 	st := releaseStmt
@@ -383,6 +372,16 @@ func (h *lease) Release(ctx context.Context) error {
 	h.mu.Lock()
 	h.busy, h.gone = false, true
 	h.mu.Unlock()
+	if h.meta && h.dropMetadata(ctx) != nil {
+		// Released, but the session may still have the row: it must not
+		// hold another lease.
+		if park {
+			h.d.unreserve()
+		}
+		discard(h.c)
+		h.d.untrack(h)
+		return nil
+	}
 	if park {
 		h.d.park(parked{c: h.c, ms: h.ms, orig: [2][]byte{h.release[2], h.release[3]}, at: time.Now()}, h)
 		return nil

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -68,10 +70,66 @@ func (d *driver) storeMetadata(ctx context.Context, h *lease, fence uint64, meta
 	}
 }
 
-// dropMetadata deletes the row of h's session before its release.
+// dropMetadata deletes the row of h's session after its release, and
+// notifies the lock's watchers (metadata_drop.sql).
 func (h *lease) dropMetadata(ctx context.Context) error {
-	_, err := h.c.Exec(ctx, h.d.meta.drop)
+	_, err := h.c.Exec(ctx, h.d.meta.drop, h.d.prefix+h.name)
 	return err
+}
+
+// Watch implements dlockdriver.Notifier for the releases of leases with
+// metadata (the leaders of elections: Locker.Observe watches with it),
+// which notify on the channel dlock_lock_<key in hex> (metadata_drop.sql)
+// once released. A lock without metadata releases without a notification
+// (its release stays one round trip), and a session's end (expiry, crash)
+// sends none: a watcher of those learns of them by looking again. The
+// watch holds a connection of the pool, listening, until stop.
+func (d *driver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	c, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: watching %q: %w", name, err)
+	}
+	pg := c.Conn().PgConn()
+	var channel string
+	err = c.QueryRow(ctx, "SELECT 'dlock_lock_' || to_hex(hashtextextended($1, 0))", d.prefix+name).Scan(&channel)
+	if err == nil {
+		_, err = pg.Exec(ctx, `LISTEN "`+channel+`"`).ReadAll()
+	}
+	if err != nil {
+		discard(c)
+		return nil, nil, fmt.Errorf("postgres: watching %q: %w", name, err)
+	}
+	fired, done := make(chan struct{}), make(chan struct{})
+	var stopping atomic.Bool
+	go func() {
+		defer close(done)
+		// A notification, or the connection failing: look again.
+		_ = pg.WaitForNotification(context.Background())
+		if !stopping.Load() {
+			close(fired)
+		}
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			stopping.Store(true)
+			_ = pg.Conn().SetReadDeadline(time.Now())
+			<-done
+			if pg.IsClosed() {
+				c.Release()
+				return
+			}
+			_ = pg.Conn().SetReadDeadline(time.Time{})
+			ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+			defer cancel()
+			if _, err := pg.Exec(ctx, `UNLISTEN "`+channel+`"`).ReadAll(); err != nil {
+				discard(c)
+				return
+			}
+			c.Release()
+		})
+	}
+	return fired, stop, nil
 }
 
 // noMetadataTable reports an Inspect that cannot read the table: missing

@@ -18,6 +18,10 @@
 -- own (metadata_drop.sql). A row is kept when pg_stat_activity hides the
 -- session's backend_start from this role (another role's session).
 --
+-- The lock's watchers (Watch, for Locker.Observe) are notified once the row
+-- is committed: between the grant and this statement, Inspect shows the
+-- lock held with no metadata, and a watcher that looked then looks again.
+--
 -- Placeholder {{table}}: the table, quoted and schema-qualified.
 --
 -- Parameters:
@@ -31,10 +35,12 @@ WITH stale AS (
       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
                       WHERE a.pid = m.pid AND (a.backend_start IS NULL OR a.backend_start = m.backend_start))
     FOR UPDATE SKIP LOCKED)
+), stored AS (
+  INSERT INTO {{table}} (pid, backend_start, key, fence, since, metadata)
+  SELECT pg_backend_pid(), a.backend_start, $1, $2, now(), $3
+  FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+  ON CONFLICT (pid) DO UPDATE
+  SET backend_start = excluded.backend_start, key = excluded.key, fence = excluded.fence,
+      since = excluded.since, metadata = excluded.metadata
 )
-INSERT INTO {{table}} (pid, backend_start, key, fence, since, metadata)
-SELECT pg_backend_pid(), a.backend_start, $1, $2, now(), $3
-FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
-ON CONFLICT (pid) DO UPDATE
-SET backend_start = excluded.backend_start, key = excluded.key, fence = excluded.fence,
-    since = excluded.since, metadata = excluded.metadata
+SELECT pg_notify('dlock_lock_' || to_hex(hashtextextended($1, 0)), '')
