@@ -635,3 +635,71 @@ func TestMetadataNotInherited(t *testing.T) {
 	}
 	release(t, ls)
 }
+
+// Askers under two limits at once never hold permits together: each takes
+// its limit's key before it looks for another's, so of two that ask at the
+// same moment at least one sees the other and is refused with
+// ErrLimitMismatch, taking nothing. (A permit's interval as the client saw
+// it lies within its hold on the server, so an overlap here is one there.)
+func TestSemaphoreMismatchRace(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	name := uniqueName(t)
+	type hold struct {
+		limit    int
+		from, to time.Time
+	}
+	const askers, rounds = 6, 25
+	holds := make(chan hold, askers*rounds)
+	errs := make(chan error, askers)
+	for i := range askers {
+		limit := 2 + i%2
+		s, err := newLocker(t, srv.Addr(), nil).Semaphore(name, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for range rounds {
+				ls, err := s.TryAcquire(ctx, nil)
+				if errors.Is(err, dlock.ErrLimitMismatch) || errors.Is(err, dlock.ErrNotAcquired) {
+					continue
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				from := time.Now()
+				time.Sleep(time.Millisecond)
+				to := time.Now()
+				if err := ls.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+				holds <- hold{limit, from, to}
+			}
+			errs <- nil
+		}()
+	}
+	for range askers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(holds)
+	var all []hold
+	granted := map[int]int{}
+	for h := range holds {
+		all = append(all, h)
+		granted[h.limit]++
+	}
+	for i, a := range all {
+		for _, b := range all[i+1:] {
+			if a.limit != b.limit && a.from.Before(b.to) && b.from.Before(a.to) {
+				t.Fatalf("permits of limits %d and %d held together: %v–%v and %v–%v", a.limit, b.limit, a.from, a.to, b.from, b.to)
+			}
+		}
+	}
+	t.Logf("permits granted by limit: %v", granted)
+	noResidue(t, raw, name)
+}
