@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -702,4 +703,114 @@ func TestSemaphoreMismatchRace(t *testing.T) {
 	}
 	t.Logf("permits granted by limit: %v", granted)
 	noResidue(t, raw, name)
+}
+
+// Every kind gives the application's pool its connections back as it found
+// them: after permits (granted, busy, refused for their limit, a head's
+// wait cut short), readers and writers, and an election watched by
+// Observe, no connection is out of the pool, and none listens or has the
+// lease's settings left.
+func TestKindsConnectionsReturned(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	pool := appPool(t, srv.Addr(), "", 4)
+	var idle, sync string
+	if err := pool.QueryRow(ctx, "SELECT current_setting('idle_session_timeout'), current_setting('synchronous_commit')").Scan(&idle, &sync); err != nil {
+		t.Fatal(err)
+	}
+	l, err := postgres.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, l)
+	other := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+
+	s, _ := l.Semaphore(name, 1)
+	ls, err := s.TryAcquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.TryAcquire(ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("busy permit: %v", err)
+	}
+	if s2, _ := l.Semaphore(name, 2); s2 != nil {
+		if _, err := s2.TryAcquire(ctx, nil); !errors.Is(err, dlock.ErrLimitMismatch) {
+			t.Fatalf("other limit: %v", err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if _, err := s.Acquire(wctx, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait for a permit: got %v, want DeadlineExceeded", err)
+	}
+	cancel()
+	release(t, ls)
+	// A head granted after waiting.
+	so, _ := other.Semaphore(name, 1)
+	lo, err := so.TryAcquire(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := semAsync(ctx, s)
+	time.Sleep(20 * time.Millisecond)
+	release(t, lo)
+	release(t, granted(t, w, 5*time.Second).ls)
+
+	rw, _ := l.RWLock(name)
+	r, err := rw.RLock(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(t, r)
+	wl, err := rw.Lock(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(t, wl)
+
+	octx, ocancel := context.WithCancel(ctx)
+	obs, err := l.Observe(octx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-obs
+	lead, err := l.Elect(ctx, name, "me", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ld := range obs {
+		if ld.Held && ld.Candidate == "me" {
+			break
+		}
+	}
+	release(t, lead)
+	ocancel()
+	for range obs {
+	}
+
+	for deadline := time.Now().Add(5 * time.Second); pool.Stat().AcquiredConns() != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still out of the pool", pool.Stat().AcquiredConns())
+		}
+	}
+	time.Sleep(250 * time.Millisecond) // parked connections go back
+	conns := pool.AcquireAllIdle(ctx)
+	for _, c := range conns {
+		var listening int
+		var i, s string
+		err := c.QueryRow(ctx, "SELECT count(*) FROM pg_listening_channels()").Scan(&listening)
+		if err == nil {
+			err = c.QueryRow(ctx, "SELECT current_setting('idle_session_timeout'), current_setting('synchronous_commit')").Scan(&i, &s)
+		}
+		c.Release()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if listening != 0 || i != idle || s != sync {
+			t.Errorf("a connection back in the pool listens on %d channels, idle_session_timeout %s, synchronous_commit %s; want 0, %s, %s", listening, i, s, idle, sync)
+		}
+	}
+	if len(conns) == 0 {
+		t.Fatal("no idle connection to look at")
+	}
 }
