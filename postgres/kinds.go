@@ -13,6 +13,7 @@ import (
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // Read/write locks and semaphores: each kind has advisory keys of its own,
@@ -209,7 +210,7 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 		case ch == nil:
 			return fail(false, stmtError(errNoRow))
 		}
-		channel = pgconnIdentifier(*ch)
+		channel = quoteChannel(*ch)
 		if _, err := pg.Exec(ctx, "LISTEN "+channel).ReadAll(); err != nil {
 			return fail(false, stmtError(err))
 		}
@@ -217,7 +218,14 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 	backoff := retryMin
 	for {
 		sent := time.Now()
-		err := st.run(ctx, c.Conn(), args, row)
+		var notified bool
+		if wait {
+			// The head's look must not lose a release's notification that
+			// comes with its answer (see runListening).
+			notified, err = st.runListening(ctx, pg, args, row)
+		} else {
+			err = st.run(ctx, c.Conn(), args, row)
+		}
 		recv := time.Now()
 		if err != nil {
 			return fail(false, stmtError(err))
@@ -231,6 +239,9 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 			return d.grantPermit(ctx, h, req, keyText, channel, sent, recv)
 		case !wait:
 			return fail(true, dlockdriver.Busy(0))
+		}
+		if notified {
+			continue // a release during the look: look again
 		}
 		// The head of the queue: wait for a release, or the backoff. A
 		// read deadline ends the wait (a timeout leaves the connection
@@ -252,8 +263,83 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 	}
 }
 
-// pgconnIdentifier quotes a channel name made of letters, digits and _.
-func pgconnIdentifier(s string) string { return `"` + s + `"` }
+// quoteChannel quotes a channel name made of letters, digits and _.
+func quoteChannel(s string) string { return `"` + s + `"` }
+
+// runListening runs s on pg, as an unnamed statement (Parse, Bind, Execute,
+// Sync, in one round trip), reading the protocol's messages itself so that
+// it sees a notification that comes with the answer: the server delivers
+// one that arrived while the statement ran just before its ReadyForQuery,
+// which pgconn would hand to the connection's OnNotification alone (the
+// application's, when the pool is). notified reports one. An exchange cut
+// short (ctx ended, a network error) closes the connection, as fastUnlock's.
+func (s *stmt) runListening(ctx context.Context, pg *pgconn.PgConn, params [][]byte, row rowDecoder) (notified bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	synced := false
+	var stop func() bool
+	var fired chan struct{}
+	if ctx.Done() != nil {
+		fired = make(chan struct{})
+		stop = context.AfterFunc(ctx, func() {
+			_ = pg.Conn().SetDeadline(time.Now())
+			close(fired)
+		})
+	}
+	defer func() {
+		if stop != nil && !stop() {
+			<-fired
+			if err != nil {
+				err = errors.Join(ctx.Err(), err)
+			}
+			if synced {
+				_ = pg.Conn().SetDeadline(time.Time{})
+			}
+		}
+		if !synced && !pg.IsClosed() {
+			cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+			_ = pg.Close(cctx)
+			cancel()
+		}
+	}()
+	fe := pg.Frontend()
+	fe.Send(&pgproto3.Parse{Query: s.sql, ParameterOIDs: s.params})
+	fe.Send(&pgproto3.Bind{ParameterFormatCodes: s.paramFmts, Parameters: params, ResultFormatCodes: s.resultFmts})
+	fe.Send(&pgproto3.Execute{})
+	fe.Send(&pgproto3.Sync{})
+	if err := fe.Flush(); err != nil {
+		return false, err
+	}
+	got := false
+	var serr error // the server's error, or the row's
+	for {
+		msg, err := pg.ReceiveMessage(context.Background()) // see ctx above
+		if err != nil {
+			return notified, errors.Join(serr, err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.NotificationResponse:
+			notified = true
+		case *pgproto3.DataRow:
+			if !got && len(m.Values) == len(s.results) {
+				got = true
+				serr = row.decode(m.Values)
+			}
+		case *pgproto3.ErrorResponse:
+			serr = pgconn.ErrorResponseToPgError(m)
+		case *pgproto3.ReadyForQuery:
+			synced = true
+			switch {
+			case serr != nil:
+				return notified, serr
+			case !got:
+				return notified, errNoRow
+			}
+			return notified, nil
+		}
+	}
+}
 
 // grantPermit finishes a permit's acquisition: a waiting head stops
 // listening (one more statement, the permit held), and the lease is

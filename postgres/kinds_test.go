@@ -814,3 +814,53 @@ func TestKindsConnectionsReturned(t *testing.T) {
 		t.Fatal("no idle connection to look at")
 	}
 }
+
+// A notification that arrives while a statement runs comes just before its
+// ReadyForQuery, and pgconn gives it to OnNotification alone: a head that
+// looked with an ordinary statement would not hear a release made during
+// its look. runListening reads it.
+func TestRunListeningHearsNotificationDuringStatement(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	listener, notifier := rawConn(t, srv.Addr()), rawConn(t, srv.Addr())
+	channel := fmt.Sprintf("dlock_test_%d", time.Now().UnixNano())
+	if _, err := listener.Exec(ctx, `LISTEN "`+channel+`"`); err != nil {
+		t.Fatal(err)
+	}
+	const slow = "SELECT 1 FROM pg_sleep(0.3)"
+	notifyDuring := func() chan error {
+		done := make(chan error, 1)
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			_, err := notifier.Exec(ctx, "SELECT pg_notify($1, '')", channel)
+			done <- err
+		}()
+		return done
+	}
+	// An ordinary statement: the notification is gone once it returns.
+	done := notifyDuring()
+	if _, err := listener.PgConn().ExecParams(ctx, slow, nil, nil, nil, nil).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err := listener.PgConn().WaitForNotification(wctx)
+	cancel()
+	if err == nil {
+		t.Log("the notification of an ordinary statement was still there (pgconn kept it): runListening is not needed for it")
+	}
+	// runListening hears it.
+	done = notifyDuring()
+	notified, err := postgres.RunListening(ctx, listener.PgConn(), slow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !notified {
+		t.Fatal("runListening did not report the notification that came with its answer")
+	}
+}
