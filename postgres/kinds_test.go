@@ -864,3 +864,54 @@ func TestRunListeningHearsNotificationDuringStatement(t *testing.T) {
 		t.Fatal("runListening did not report the notification that came with its answer")
 	}
 }
+
+// Readers and writers are connection-bound as locks are: the end of the
+// holder's session (pg_terminate_backend) ends the hold on the server and
+// is reported as the lease's loss within a second; a waiting writer is then
+// granted.
+func TestRWLockTerminatedHolders(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	rwa, _ := a.RWLock(name)
+	rwb, _ := b.RWLock(name)
+	terminate := func(what string) {
+		t.Helper()
+		got := waitKind(t, raw, name, what, func(e []string) bool { return count(e, what) == 1 })
+		var pid int32
+		for _, e := range got {
+			if strings.Contains(e, what) {
+				fmt.Sscanf(e, "pid %d", &pid)
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // past the holder's watch delay
+		var ok bool
+		if err := raw.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+			t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+		}
+	}
+	r, err := rwa.RLock(ctx, &dlock.Options{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := lockAsync(ctx, rwb)
+	waitKind(t, raw, name, "a waiting writer", func(e []string) bool { return count(e, "waits rwlock") == 1 })
+	killed := time.Now()
+	terminate("holds rwlock (ShareLock)")
+	if d := lostWithin(t, r, 5*time.Second).Sub(killed); d > time.Second {
+		t.Errorf("reader's loss reported %v after its backend was terminated", d)
+	}
+	wl := granted(t, w, 5*time.Second).ls
+	killed = time.Now()
+	terminate("holds rwlock (ExclusiveLock)")
+	if d := lostWithin(t, wl, 5*time.Second).Sub(killed); d > time.Second {
+		t.Errorf("writer's loss reported %v after its backend was terminated", d)
+	}
+	if err := wl.Release(ctx); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Errorf("Release of the terminated writer: got %v, want ErrNotHeld", err)
+	}
+	noResidue(t, raw, name)
+}
