@@ -201,7 +201,11 @@
 // (permit_release.sql sends a NOTIFY as it unlocks), or after a backoff
 // (10ms, doubling to a quarter of its TTL, 1s at most) for the slots that a
 // session's end frees without a word. Once it has a slot it gives the queue
-// key up, and the next waiter becomes the head. So waiting Acquires are
+// key up, and the next waiter becomes the head. The head's session has
+// idle_session_timeout at its TTL from the moment it queues, so a head
+// whose process or network vanished holds the queue key one TTL at most
+// (a live one runs a statement at least every quarter TTL), and the
+// waiters behind it carry on. So waiting Acquires are
 // served in the order they came (Capabilities.FIFO holds for them; a
 // TryAcquire that finds a slot free just as it is released may take it
 // before the head does), a release hands its permit on within

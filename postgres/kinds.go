@@ -195,12 +195,12 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 		return fmt.Errorf("postgres: acquiring a permit of %q: %w", req.Name, err)
 	}
 	st := ks.try
-	var channel string
+	var channel, prevIdle string
 	if wait {
 		st = ks.wait
 		var ch *string
 		cancelled, err := h.cw.cancellable(ctx, pg, 0, func() error {
-			return c.QueryRow(context.Background(), permitQueueSQL, keyText).Scan(&ch)
+			return c.QueryRow(context.Background(), permitQueueSQL, keyText, ms).Scan(&prevIdle, &ch)
 		})
 		switch {
 		case err == nil && cancelled:
@@ -236,6 +236,9 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 		case !h.pidCheck:
 			return fail(false, fmt.Errorf("%w: %w: connection started as backend %d, statement ran on backend %d", dlock.ErrNotAcquired, ErrPooler, pg.PID(), h.pid))
 		case h.fence >= 0:
+			if wait { // the setting before permit_queue.sql's
+				h.release[2] = []byte(prevIdle)
+			}
 			return d.grantPermit(ctx, h, req, keyText, channel, sent, recv)
 		case !wait:
 			return fail(true, dlockdriver.Busy(0))

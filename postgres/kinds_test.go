@@ -915,3 +915,47 @@ func TestRWLockTerminatedHolders(t *testing.T) {
 	}
 	noResidue(t, raw, name)
 }
+
+// A head of a semaphore's queue whose network vanishes holds the queue key
+// only until its session's idle_session_timeout (its TTL) ends the session:
+// the waiters behind it are not stuck, the next becomes head and is granted
+// the permit released meanwhile.
+func TestSemaphoreBlackholedHead(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	raw := rawConn(t, srv.Addr())
+	p := proxied(t, srv.Addr())
+	a := newLocker(t, srv.Addr(), nil)
+	h := newLocker(t, p.Addr(), nil)
+	b := newLocker(t, srv.Addr(), nil)
+	name := uniqueName(t)
+	sa, _ := a.Semaphore(name, 1)
+	sh, _ := h.Semaphore(name, 1)
+	sb, _ := b.Semaphore(name, 1)
+	ls, err := sa.TryAcquire(ctx, &dlock.Options{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, hcancel := context.WithCancel(ctx)
+	defer hcancel()
+	hw := make(chan result, 1)
+	go func() {
+		ls, err := sh.Acquire(hctx, &dlock.Options{TTL: time.Second})
+		hw <- result{ls, err, time.Now()}
+	}()
+	waitKind(t, raw, name, "a head", func(e []string) bool { return count(e, "holds queue") == 1 })
+	w := semAsync(ctx, sb)
+	waitKind(t, raw, name, "a waiter behind the head", func(e []string) bool { return count(e, "waits queue") == 1 })
+	p.Blackhole()
+	cut := time.Now()
+	release(t, ls)
+	r := granted(t, w, 10*time.Second)
+	if d := r.at.Sub(cut); d > 3*time.Second {
+		t.Errorf("the waiter behind a black-holed head was granted %v after the cut, want about the head's TTL (1s)", d)
+	}
+	release(t, r.ls)
+	hcancel()
+	p.Heal()
+	<-hw
+	noResidue(t, raw, name)
+}
