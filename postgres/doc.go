@@ -185,7 +185,11 @@
 // (readers behind it are then granted at once) or its session ends. Waiters
 // of both sides are granted in the order they queued, readers together.
 // Writers fence with the lock's sequence (their tokens increase with every
-// write grant of the name); readers have no token.
+// write grant of the name); readers have no token. A waiting writer whose
+// process or network vanished stays queued, as a lock's waiter does (see
+// above), and so keeps new readers out until the server ends its session:
+// TCP keepalives or client_connection_check_interval, set in the URL
+// (tcp_keepalives_idle=…), bound that on a network that drops packets.
 //
 // Semaphores (Locker.Semaphore) are Limit slots, each an advisory lock on
 // its own key: a permit is one slot held by the lease's session, so at most
