@@ -23,7 +23,10 @@
 --          leaves set_config out: on PostgreSQL 15, a transaction that
 --          changed a setting walks every setting at its end.
 --   fence  (inside take) nextval of the fencing sequence (see fence.go), or
---          0 without fencing.
+--          0 without fencing (and for a reader).
+--   key    the advisory key of the object taken: hashtextextended($1, 0) for
+--          a lock, hashtextextended($1, 1) for a read/write lock, whose
+--          {{take}} uses the _shared functions for a reader (see kinds.go).
 --   prev   the prev_ columns below: current_setting of both settings, or
 --          NULLs in the Kept variants (the driver has the values from
 --          before it set the session up).
@@ -38,9 +41,9 @@
 --                      (nothing tried)
 --   waited     float8  seconds from the statement's start to the end of the
 --                      grant, on the server's clock
---   key        int8    hashtextextended($1, 0), the lock's key: the release
---                      of a parked connection unlocks it by a fast-path call
---                      (see fastUnlock)
+--   key        int8    the advisory key taken ({{key}}): for a lock,
+--                      hashtextextended($1, 0), which the release of a parked
+--                      connection unlocks by a fast-path call (see fastUnlock)
 --
 -- One Result node, no subquery. The target list is evaluated in order, so
 -- the prev_ columns are read before the session is set up and waited after
@@ -65,4 +68,4 @@ SELECT pg_backend_pid() AS pid,
             ELSE -1
        END AS fence,
        date_part('epoch', clock_timestamp() - statement_timestamp()) AS waited,
-       hashtextextended($1, 0) AS key
+       {{key}} AS key

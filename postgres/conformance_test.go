@@ -41,11 +41,12 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 	return l, p
 }
 
-// Residue lists the advisory lock entries, held or awaited, of name's key:
-// a waiter's entry outliving its wait is orphaned waiter state.
+// Residue lists the advisory lock entries, held or awaited, of name's keys
+// in every kind's namespace (kindEntries), and the metadata rows of name: a
+// waiter's entry outliving its wait is orphaned waiter state.
 func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
 	if h.raw != nil {
-		return lockEntries(ctx, h.raw, name)
+		return residue(ctx, h.raw, name)
 	}
 	// A connection of its own each time: the server may have been restarted
 	// since the last.
@@ -54,7 +55,16 @@ func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
 		return nil, err
 	}
 	defer c.Close(context.Background())
-	return lockEntries(ctx, c, name)
+	return residue(ctx, c, name)
+}
+
+func residue(ctx context.Context, c *pgx.Conn, name string) ([]string, error) {
+	left, err := kindEntries(ctx, c, name)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := metadataRows(ctx, c, name)
+	return append(left, rows...), err
 }
 
 // ownServer is a harness on a server of the test's own, which the suite's

@@ -23,6 +23,11 @@
 //   - FIFO: the server's own lock queue; no polling.
 //   - Operators see and break locks from psql (see Layout). Not behind a
 //     transaction pooler (detected and refused).
+//   - Semaphores, read/write locks and leader election, each on advisory
+//     keys of its own, held and lost with the session as locks are:
+//     writers queue in the server and keep new readers out; permits are
+//     slots, waited for in a FIFO queue with release notifications; a
+//     lease's metadata (an election's candidate) is recorded in a table.
 //
 // The sections below are the details.
 //
@@ -167,6 +172,86 @@
 // Options.NoFencing turns fencing off (Capabilities.Fencing false) and then
 // nothing is stored.
 //
+// Read/write locks (Locker.RWLock) are the server's own shared and
+// exclusive advisory locks on one key: readers take pg_advisory_lock_shared,
+// writers pg_advisory_lock (the try forms for TryRLock and TryLock).
+// PostgreSQL's lock manager queues a request behind a waiting one it
+// conflicts with, so once a writer waits in Lock, a new reader's RLock
+// queues behind it and its TryRLock fails, while the readers already
+// holding keep their hold; the writer is granted when they leave, and the
+// readers queued behind it when it releases. That is the writer preference
+// the contract asks for, with no bookkeeping of the driver's: a writer's
+// wait is its backend's place in the queue, gone when the wait is cancelled
+// (readers behind it are then granted at once) or its session ends. Waiters
+// of both sides are granted in the order they queued, readers together.
+// Writers fence with the lock's sequence (their tokens increase with every
+// write grant of the name); readers have no token. A waiting writer whose
+// process or network vanished stays queued, as a lock's waiter does (see
+// above), and so keeps new readers out until the server ends its session:
+// TCP keepalives or client_connection_check_interval, set in the URL
+// (tcp_keepalives_idle=…), bound that on a network that drops packets.
+//
+// Semaphores (Locker.Semaphore) are Limit slots, each an advisory lock on
+// its own key: a permit is one slot held by the lease's session, so at most
+// Limit sessions hold permits at once, and a session's end (expiry, crash,
+// reset) gives its slot back as it does a lock. PostgreSQL has no counting
+// lock, and a backend can wait for one lock only, so the driver takes the
+// first free slot in one statement (permit.sql: pg_try_advisory_lock on
+// slot 0, 1, … until one succeeds, O(Limit) tries when all are held) and
+// waits in two stages: a waiting Acquire first queues in the server, FIFO,
+// on the semaphore's queue key (permit_queue.sql); the waiter at the head
+// of that queue, holding that key, LISTENs on the semaphore's channel and
+// tries the slots again whenever a permit's release notifies it
+// (permit_release.sql sends a NOTIFY as it unlocks), or after a backoff
+// (10ms, doubling to a quarter of its TTL, 1s at most) for the slots that a
+// session's end frees without a word. Once it has a slot it gives the queue
+// key up, and the next waiter becomes the head. The head's session has
+// idle_session_timeout at its TTL from the moment it queues, so a head
+// whose process or network vanished holds the queue key one TTL at most
+// (a live one runs a statement at least every quarter TTL), and the
+// waiters behind it carry on. So waiting Acquires are
+// served in the order they came (Capabilities.FIFO holds for them; a
+// TryAcquire that finds a slot free just as it is released may take it
+// before the head does), a release hands its permit on within
+// milliseconds, an expired or crashed holder's within the head's backoff,
+// and only one session per semaphore polls, and only while every slot is
+// held. The cost: a permit's release is a notifying transaction
+// (PostgreSQL serialises their commits; locks never notify), and a waiting
+// head runs a statement per release it hears. Every holder also holds a
+// shared advisory lock on the key of its limit; a newcomer takes its own
+// limit's key before it looks in pg_locks for another limit's key of the
+// name, so that of two that ask at once under different limits at least
+// one sees the other: a permit asked under another limit than its holders'
+// fails with dlock.ErrLimitMismatch (naming their limit), taking nothing.
+// With fencing, permits carry tokens of the same sequence
+// (Capabilities.PermitFencing): unique, and increasing with every grant,
+// taken as they are by nextval once the slot is held. A wait cut short
+// closes its connection, which ends its place in the queue, its listening
+// and anything it took.
+//
+// Metadata (Options.Metadata, and an election's candidate) is recorded,
+// for a lock whose metadata is not empty, in the table dlock_metadata of
+// the fencing schema (so only with fencing: Capabilities.Metadata): one row
+// per holding session, written by the lease's session right after the grant
+// with its fencing token and grant time (metadata.sql), deleted after its
+// release (metadata_drop.sql). Inspect reports them (Metadata, Fence,
+// Since) for the session that holds the lock now (same pid and
+// backend_start in pg_stat_activity: a row of a session that ended, or of a
+// pid reused since, is not read; the next metadata grant deletes it), which
+// is what Locker.Elect, Leader and Observe need: a leader is the holder of
+// the lock of the election's name, its term its fencing token. Both
+// statements notify the channel dlock_lock_<key in hex>, on which the
+// driver's Watch (driver.Notifier) listens for Observe: a leader's
+// resignation, and the next leader's record, are heard at once; a leader's
+// end by expiry or crash at Observe's next look (up to the Locker's
+// RetryMax later). Between a grant and its record (one round trip), Inspect
+// shows the lock held with no metadata. A lock without metadata never
+// touches the table and never notifies: its acquisition and release are
+// as they were. The row is visible only to roles that can read the table
+// and see the holder's backend_start in pg_stat_activity (the same role,
+// or pg_read_all_stats): candidates of one election should connect as one
+// role.
+//
 // What it does not survive:
 //
 //   - Restart or failover: every session ends, so every lock is lost; the
@@ -214,9 +299,42 @@
 // share a lock only if their 64-bit hashes collide (a chance of about
 // n²/2^65 among n names): they then exclude each other, which is safe.
 //
+// The other kinds hash the same key text with other seeds, so that a lock,
+// a read/write lock and a semaphore of one name are three objects (the
+// string KeyPrefix || name is <text> below):
+//
+//	read/write lock   hashtextextended(<text>, 1)          readers ShareLock, writers ExclusiveLock
+//	semaphore queue   hashtextextended(<text>, 2)          held by the waiting head, awaited by the others
+//	permit slot i     (hi32(hs), lo16(hs) << 16 | i)        hs = hashtextextended(<text>, 3), 0 ≤ i < Limit
+//	semaphore limit N (hi32(hl), lo16(hl) << 16 | N - 1)    hl = hashtextextended(<text>, 4), shared
+//
+// A slot and a limit are advisory locks on a pair of int4 keys
+// (pg_advisory_lock(int4, int4); objsubid 2 in pg_locks, classid the first
+// key, objid the second), where hi32 is the hash's top 32 bits and lo16 the
+// 16 below them: a semaphore's keys share their first 48 bits, so pg_locks
+// finds all of them in one range (Limit is at most 65536), and two
+// semaphores share keys only if those 48 bits collide (about n²/2^49 among
+// n names; a semaphore's slots and another's limits, a chance as small).
+// The channels are dlock_permit_<queue key in hex> (a permit's release
+// notifies it) and dlock_lock_<lock key in hex> (a lease with metadata). So
+// from psql,
+//
+//	SELECT pg_advisory_lock_shared(hashtextextended('cfg', 1));
+//
+// reads the read/write lock "cfg", excluding dlock writers, and
+//
+//	SELECT objid::int8 & 65535 AS slot, pid FROM pg_locks
+//	WHERE locktype = 'advisory' AND objsubid = 2
+//	  AND classid = ((hashtextextended('pool', 3) >> 32) & 4294967295)::oid
+//	  AND objid::int8 >> 16 = (hashtextextended('pool', 3) >> 16) & 65535;
+//
+// lists the held permits of the semaphore "pool".
+//
 // Nothing else is stored but the fencing sequence and epoch table (see
-// Guarantees): no lock leaves anything on the server once its session ends.
-// Metadata (Options.Metadata) is not stored.
+// Guarantees) and the metadata of leases that have some (dlock_metadata):
+// no lease leaves anything on the server once its session ends but, after
+// a crash, its metadata row, which nothing reads and the next metadata
+// grant deletes.
 //
 // Task queue (package queue, postgres.NewQueue or queue.Open with a
 // postgres URL): one table, dlock_tasks by default (QueueOptions.Table, URL

@@ -13,3 +13,13 @@ var OIDAdvisoryUnlock = oidAdvisoryUnlock
 func FastUnlock(ctx context.Context, pg *pgconn.PgConn, key []byte) (bool, error) {
 	return fastUnlock(ctx, pg, new(unlockCall), key)
 }
+
+// RunListening runs sql (no parameters, one int4 column) by
+// stmt.runListening.
+func RunListening(ctx context.Context, pg *pgconn.PgConn, sql string) (notified bool, err error) {
+	return newStmt(sql, nil, []uint32{oidInt4}).runListening(ctx, pg, nil, ignoreRow{})
+}
+
+type ignoreRow struct{}
+
+func (ignoreRow) decode([][]byte) error { return nil }

@@ -35,6 +35,7 @@ const epochChecked = "dlock/postgres.epoch"
 type fenceObjects struct {
 	seq, epoch string // quoted and schema-qualified
 	seqLit     string // seq as a string literal, for nextval
+	meta       string // the metadata table (metadata.go), quoted and schema-qualified
 }
 
 func newFenceObjects(schema string) fenceObjects {
@@ -43,6 +44,7 @@ func newFenceObjects(schema string) fenceObjects {
 		seq:    seq,
 		epoch:  pgx.Identifier{schema, fenceEpoch}.Sanitize(),
 		seqLit: "'" + strings.ReplaceAll(seq, "'", "''") + "'",
+		meta:   pgx.Identifier{schema, metadataTable}.Sanitize(),
 	}
 }
 
@@ -53,13 +55,21 @@ func (f fenceObjects) createSQL() []string {
 	return []string{
 		fmt.Sprintf("CREATE SEQUENCE IF NOT EXISTS %s AS bigint", f.seq),
 		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (started timestamptz PRIMARY KEY, moved_to bigint NOT NULL, at timestamptz NOT NULL DEFAULT now())", f.epoch),
+		f.metaSQL(),
 	}
 }
 
+// metaSQL makes the metadata table (metadata.sql) if it is missing.
+func (f fenceObjects) metaSQL() string {
+	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (pid int4 PRIMARY KEY, backend_start timestamptz NOT NULL, key text NOT NULL, fence bigint NOT NULL, since timestamptz NOT NULL, metadata text NOT NULL)", f.meta)
+}
+
 // DDL is what a database administrator runs, once per database, for a role
-// that may not create the fencing sequence and table itself (the driver
+// that may not create the fencing sequence and tables itself (the driver
 // creates them on first use otherwise); the role then needs USAGE and
-// UPDATE on the sequence and SELECT and INSERT on the table.
+// UPDATE on the sequence, SELECT and INSERT on the table dlock_fence_epoch,
+// and, to store locks' metadata (Options.Metadata, leader election),
+// SELECT, INSERT, UPDATE and DELETE on the table dlock_metadata.
 func DDL(schema string) string {
 	if schema == "" {
 		schema = DefaultFenceSchema

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/jackc/pgx/v5"
 )
 
 //go:embed inspect.sql
@@ -14,16 +15,38 @@ var inspectSQL string
 
 // Inspect describes name (dlockdriver.Inspector) from pg_locks: whether a
 // session holds its advisory lock (Holder: that backend's pid and
-// application name), and how many sessions wait for it. The server stores
-// no token, metadata, grant time or fence per lock, and a lock lives as long
-// as its session: those fields stay unknown. Advisory keys are hashes of
+// application name), and how many sessions wait for it. A holder whose
+// lease has metadata recorded it with its fencing token and grant time
+// (metadata.go), which Inspect then reports (Metadata, Fence, Since); the
+// server stores nothing else per lock, and a lock lives as long as its
+// session: the token and TTL stay unknown. Advisory keys are hashes of
 // names, so the driver cannot list names (no Lister).
 func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo, error) {
 	info := dlockdriver.LockInfo{Name: name, TTL: -1}
-	rows, err := d.pool.Query(ctx, inspectSQL, d.prefix+name)
+	withMeta := d.meta != nil
+	sql := inspectSQL
+	if withMeta {
+		sql = d.meta.inspect
+	}
+	rows, err := d.pool.Query(ctx, sql, d.prefix+name)
+	if err == nil {
+		info, err = d.inspectRows(rows, info, withMeta)
+	}
+	if err != nil && withMeta && noMetadataTable(err) {
+		// No metadata was ever stored (no table), or this role may not
+		// read it: the holder alone.
+		withMeta = false
+		if rows, err = d.pool.Query(ctx, inspectSQL, d.prefix+name); err == nil {
+			info, err = d.inspectRows(rows, dlockdriver.LockInfo{Name: name, TTL: -1}, false)
+		}
+	}
 	if err != nil {
 		return info, fmt.Errorf("postgres: inspecting %q: %w", name, err)
 	}
+	return info, nil
+}
+
+func (d *driver) inspectRows(rows pgx.Rows, info dlockdriver.LockInfo, withMeta bool) (dlockdriver.LockInfo, error) {
 	defer rows.Close()
 	for rows.Next() {
 		var (
@@ -31,9 +54,16 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 			pid     int32
 			start   *time.Time
 			app     *string
+			meta    *string
+			fence   *int64
+			since   *time.Time
 		)
-		if err := rows.Scan(&granted, &pid, &start, &app); err != nil {
-			return info, fmt.Errorf("postgres: inspecting %q: %w", name, err)
+		dest := []any{&granted, &pid, &start, &app}
+		if withMeta {
+			dest = append(dest, &meta, &fence, &since)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return info, err
 		}
 		if !granted {
 			info.Waiters++
@@ -44,9 +74,15 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 		if app != nil && *app != "" {
 			info.Holder += " (" + *app + ")"
 		}
+		if meta != nil {
+			info.Metadata = *meta
+		}
+		if fence != nil {
+			info.Fence, info.HasFence = uint64(*fence), true
+		}
+		if since != nil {
+			info.Since = *since
+		}
 	}
-	if err := rows.Err(); err != nil {
-		return info, fmt.Errorf("postgres: inspecting %q: %w", name, err)
-	}
-	return info, nil
+	return info, rows.Err()
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -32,6 +33,11 @@ type lease struct {
 	relRow     releaseRow  // release.sql's result
 	unlock     unlockCall  // fastUnlock's message
 	cw         cancelWatch // of the statement running (see cancellable)
+	kind       dlockdriver.Kind
+	ks         *kindStmts // the statements of a kind other than KindLock (kinds.go)
+	slot       int32      // a permit's slot
+	relExtra   [][]byte   // a permit's release parameters after release's: slot, limit
+	meta       bool       // the session recorded the lock's metadata (metadata.go)
 	// ms is the session's idle_session_timeout, in milliseconds, as the
 	// acquisition or the last refresh set it; "" after held.sql set it to
 	// the time left. The Locker serialises the statements that use it.
@@ -289,6 +295,9 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 	var idle *string
 	h.ms = "" // whatever comes of it
 	_, err := h.cw.cancellable(ctx, h.pg, h.opLimit(0), func() error {
+		if h.ks != nil {
+			return h.c.QueryRow(context.Background(), h.ks.held, h.heldArgs(ms)...).Scan(&pid, &held, &idle)
+		}
 		return h.c.QueryRow(context.Background(), heldSQL, h.pid, h.d.prefix+h.name, ms).Scan(&pid, &held, &idle)
 	})
 	if err != nil {
@@ -319,6 +328,9 @@ func (h *lease) Held(ctx context.Context) (bool, error) {
 func (h *lease) Release(ctx context.Context) error {
 	if err := h.begin(); err != nil {
 		return h.notHeld("release", err)
+	}
+	if h.ks != nil {
+		return h.releaseKind(ctx)
 	}
 	r := &h.relRow
 	park := h.ms != "" && h.ttl >= parkMinTTL && h.d.reserve()
@@ -360,6 +372,16 @@ func (h *lease) Release(ctx context.Context) error {
 	h.mu.Lock()
 	h.busy, h.gone = false, true
 	h.mu.Unlock()
+	if h.meta && h.dropMetadata(ctx) != nil {
+		// Released, but the session may still have the row: it must not
+		// hold another lease.
+		if park {
+			h.d.unreserve()
+		}
+		discard(h.c)
+		h.d.untrack(h)
+		return nil
+	}
 	if park {
 		h.d.park(parked{c: h.c, ms: h.ms, orig: [2][]byte{h.release[2], h.release[3]}, at: time.Now()}, h)
 		return nil

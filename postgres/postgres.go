@@ -31,7 +31,7 @@ var (
 
 	acquireSQL = statement("acquire.sql", acquireFile)
 	refreshSQL = statement("refresh.sql", refreshFile)
-	heldSQL    = statement("held.sql", heldFile)
+	heldSQL    = heldStatement(lockMatch)
 	releaseSQL = statement("release.sql", releaseFile)
 )
 
@@ -246,11 +246,14 @@ func newDriver(pool *pgxpool.Pool, opts *Options, ownsPool bool) *driver {
 		fence = "nextval(" + d.fence.seqLit + ")"
 	}
 	acquire := func(take, prev string) *stmt {
-		sql := strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(take, "{{fence}}", fence))
-		return newAcquireStmt(strings.ReplaceAll(sql, "{{prev}}", prev))
+		return newAcquireStmt(acquireStatement(lockKey, take, prev, fence))
 	}
 	d.waitStmt, d.waitKept = acquire(waitTake, prevSettings), acquire(waitTakeKept, prevKept)
 	d.tryStmt, d.tryKept = acquire(tryTake, prevSettings), acquire(tryTakeKept, prevKept)
+	d.kinds = newKindStmts(fence)
+	if d.fencing {
+		d.meta = newMetadataStmts(d.fence)
+	}
 	d.defaults = o.Defaults
 	return d
 }
@@ -269,6 +272,9 @@ type driver struct {
 	// once, setting the session up or (Kept) finding it set up already
 	waitStmt, waitKept, tryStmt, tryKept *stmt
 	maxParked                            int // see park
+	// the statements of the other kinds (kinds.go), by Kind
+	kinds [dlockdriver.KindWrite + 1]*kindStmts
+	meta  *metadataStmts // nil without fencing (metadata.go)
 
 	mu       sync.Mutex
 	closed   bool
@@ -289,6 +295,11 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		ExpirySlack:  ExpirySlack,
 		// The session holds the lock: a connection reset ends both.
 		ConnectionBound: true,
+		// Metadata lives in a table of the fencing schema (metadata.go).
+		Metadata:      d.fencing,
+		Semaphore:     true,
+		PermitFencing: d.fencing,
+		RWLock:        true,
 	}
 }
 
@@ -365,7 +376,22 @@ var (
 )
 
 func newReleaseStmt(restore string) *stmt {
-	return newStmt(strings.ReplaceAll(releaseSQL, "{{restore}}", restore), []uint32{oidInt4, oidText, oidText, oidText}, []uint32{oidBool})
+	return newReleaseStmtOf(lockUnlock, restore)
+}
+
+// newReleaseStmtOf is release.sql with unlock, the unlock of the object's
+// key, and restore in place.
+func newReleaseStmtOf(unlock, restore string) *stmt {
+	sql := strings.ReplaceAll(releaseSQL, "{{unlock}}", unlock)
+	return newStmt(strings.ReplaceAll(sql, "{{restore}}", restore), []uint32{oidInt4, oidText, oidText, oidText}, []uint32{oidBool})
+}
+
+// acquireStatement is acquire.sql with key, the advisory key of the object
+// taken, take and prev in place, and fence in take.
+func acquireStatement(key, take, prev, fence string) string {
+	sql := strings.ReplaceAll(acquireSQL, "{{take}}", strings.ReplaceAll(take, "{{fence}}", fence))
+	sql = strings.ReplaceAll(sql, "{{key}}", key)
+	return strings.ReplaceAll(sql, "{{prev}}", prev)
 }
 
 // acquireRow is acquire.sql's result.
@@ -412,38 +438,36 @@ func (r *acquireRow) decode(v [][]byte) (err error) {
 // acquire makes one attempt on a connection from the pool: one
 // pg_try_advisory_lock, or one wait in pg_advisory_lock.
 func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string, wait bool) (*dlockdriver.Grant, error) {
-	kept, ok := d.unpark()
+	// A lock may take a parked connection; the other kinds take theirs from
+	// the pool (kinds.go).
+	var ks *kindStmts
+	var kept parked
+	ok := false
+	if req.Kind == dlockdriver.KindLock {
+		kept, ok = d.unpark()
+	} else if ks = d.kinds[req.Kind]; req.Kind == dlockdriver.KindPermit {
+		return d.acquirePermit(ctx, req, ms, wait, ks)
+	}
 	c := kept.c
 	if !ok {
 		var err error
-		if c, err = d.pool.Acquire(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
-			}
-			return nil, fmt.Errorf("postgres: getting a connection: %w", err)
+		if c, err = d.conn(ctx); err != nil {
+			return nil, err
 		}
+	} else if err := d.ensureEpochOf(ctx, c); err != nil {
+		return nil, err
 	}
 	pg := c.Conn().PgConn()
 	var pid int32
 	if d.checkPID {
 		pid = int32(pg.PID())
 	}
-	if d.fencing {
-		if err := d.ensureEpoch(ctx, c.Conn()); err != nil {
-			if pg.IsClosed() {
-				err = &connError{err}
-			}
-			discard(c)
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
-			}
-			return nil, err
-		}
-	}
 	// The lease is made first: the row is decoded into it.
-	h := &lease{d: d, c: c, pg: pg, name: req.Name, ttl: req.TTL, ms: ms}
+	h := &lease{d: d, c: c, pg: pg, name: req.Name, ttl: req.TTL, ms: ms, kind: req.Kind, ks: ks}
 	waitStmt, tryStmt := d.waitStmt, d.tryStmt
-	if ok && kept.ms == ms {
+	if ks != nil {
+		waitStmt, tryStmt = ks.wait, ks.try
+	} else if ok && kept.ms == ms {
 		waitStmt, tryStmt = d.waitKept, d.tryKept
 	}
 	r := &h.acquireRow
@@ -499,7 +523,7 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string
 		r.release[2], r.release[3] = kept.orig[0], kept.orig[1]
 	}
 	var fence uint64
-	if d.fencing {
+	if d.fencing && req.Kind != dlockdriver.KindRead {
 		if r.fence <= 0 {
 			discard(c)
 			return nil, fmt.Errorf("postgres: acquiring %q: no fencing token", req.Name)
@@ -512,6 +536,16 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string
 		w := time.Duration(r.waited * float64(time.Second))
 		sent = sent.Add(max(0, min(w, recv.Sub(sent))))
 	}
+	if req.Metadata != "" && d.meta != nil && req.Kind == dlockdriver.KindLock {
+		if err := d.storeMetadata(ctx, h, fence, req.Metadata); err != nil {
+			discard(c)
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+			}
+			return nil, fmt.Errorf("postgres: acquiring %q: storing its metadata: %w", req.Name, err)
+		}
+		h.meta = true
+	}
 	h.lastSent, h.idle = sent, recv
 	if !d.track(h) {
 		h.giveUp()
@@ -519,6 +553,42 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string
 	}
 	// Loss is reported through OnLost (dlockdriver.LossNotifier) alone.
 	return &dlockdriver.Grant{Handle: h, Fence: fence, Sent: sent}, nil
+}
+
+// conn takes a connection from the pool for an acquisition, its fencing
+// epoch checked.
+func (d *driver) conn(ctx context.Context) (*pgxpool.Conn, error) {
+	c, err := d.pool.Acquire(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+		}
+		return nil, fmt.Errorf("postgres: getting a connection: %w", err)
+	}
+	if err := d.ensureEpochOf(ctx, c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// ensureEpochOf is ensureEpoch for an acquisition, when fencing is on: on
+// failure the connection is discarded.
+func (d *driver) ensureEpochOf(ctx context.Context, c *pgxpool.Conn) error {
+	if !d.fencing {
+		return nil
+	}
+	err := d.ensureEpoch(ctx, c.Conn())
+	if err == nil {
+		return nil
+	}
+	if c.Conn().PgConn().IsClosed() {
+		err = &connError{err}
+	}
+	discard(c)
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+	}
+	return err
 }
 
 // track registers a lease holding a connection, starting the sweep if it is

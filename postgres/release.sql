@@ -4,10 +4,14 @@
 --
 -- Parameters:
 --   $1 int4  the lease's backend pid: nothing is unlocked on another backend
---   $2 text  the key text (acquire.sql's $1): the lock's key is
+--   $2 text  the key text (acquire.sql's $1): a lock's key is
 --            hashtextextended($2, 0)
 --   $3 text  the idle_session_timeout and
 --   $4 text  the synchronous_commit to restore (acquire.sql's prev_ columns)
+--
+-- Placeholder {{unlock}}: the unlock of the object's key, a bool:
+-- pg_advisory_unlock(hashtextextended($2, 0)) for a lock; the read/write
+-- lock's key, shared for a reader (see kinds.go).
 --
 -- Placeholder {{restore}}: the set_config calls that restore $3 and $4, or
 -- nothing when the driver keeps the connection for its next lease (see
@@ -19,6 +23,6 @@
 -- The unlock comes first (the nested CASE orders the calls): a waiter is
 -- granted the lock while this statement restores the settings.
 SELECT CASE WHEN pg_backend_pid() = $1 THEN
-         CASE WHEN pg_advisory_unlock(hashtextextended($2, 0)) THEN {{restore}}
+         CASE WHEN {{unlock}} THEN {{restore}}
               ELSE false END
        END AS unlocked
