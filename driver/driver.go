@@ -76,7 +76,10 @@ type Waiter interface {
 // Notifier is implemented by drivers that can tell a waiter when a name may
 // have become free (for example by a message published on release). Watch
 // is for KindLock only: a Locker waiting for another kind, on a driver that
-// is neither a Waiter nor a WaitNotifier, polls with backoff. Watch
+// is neither a Waiter nor a WaitNotifier, polls with backoff. A Waiter's
+// Watch serves Locker.Observe only (its waits never watch), and may hear
+// only some releases (those of leases with metadata, which elections
+// have); Observe looks again at the holder's TTL or RetryMax anyway. Watch
 // returns once the subscription is in place, so that a release after Watch
 // returns is never missed. The channel receives (or is closed) when the
 // name may be free; stop ends the watch.
