@@ -43,6 +43,12 @@ var (
 
 	// ErrInvalid: bad input, reported before any I/O.
 	ErrInvalid = driver.ErrInvalid
+
+	// ErrResourceLimit: the acquisition needs a client-side resource that
+	// is used up (the postgres driver: every connection of its pool holds
+	// a lease or a wait); the error names the limit. It matches
+	// ErrNotAcquired, and is returned at once rather than waiting.
+	ErrResourceLimit = driver.ErrResourceLimit
 )
 
 // invalid returns an error matching ErrInvalid.

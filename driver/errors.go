@@ -31,7 +31,18 @@ var (
 
 	// ErrInvalid: bad input, reported before any I/O.
 	ErrInvalid = errors.New("dlock: invalid argument")
+
+	// ErrResourceLimit: an acquisition needs a client-side resource that is
+	// used up (such as every connection of a pool holding a lease); the
+	// error names the limit and how to raise it. It also matches
+	// ErrNotAcquired: nothing was taken.
+	ErrResourceLimit error = &limitReached{"dlock: resource limit reached"}
 )
+
+type limitReached struct{ msg string }
+
+func (e *limitReached) Error() string        { return e.msg }
+func (e *limitReached) Is(target error) bool { return target == ErrNotAcquired }
 
 type notHeldError struct{ msg string }
 

@@ -555,13 +555,30 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string
 	return &dlockdriver.Grant{Handle: h, Fence: fence, Sent: sent}, nil
 }
 
+// poolWait is how long an acquisition waits for a connection when the pool
+// has none free before it fails with dlock.ErrResourceLimit.
+const poolWait = time.Second
+
 // conn takes a connection from the pool for an acquisition, its fencing
 // epoch checked.
 func (d *driver) conn(ctx context.Context) (*pgxpool.Conn, error) {
-	c, err := d.pool.Acquire(ctx)
+	// Every lease and wait holds a connection of its own: when the pool
+	// has none free, wait only as long as another user's short request
+	// takes, then say which limit is reached rather than wait on.
+	actx := ctx
+	if st := d.pool.Stat(); st.AcquiredConns() >= st.MaxConns() {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, poolWait)
+		defer cancel()
+	}
+	c, err := d.pool.Acquire(actx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
+		}
+		if actx.Err() != nil {
+			return nil, fmt.Errorf("%w: postgres: all %d connections of the pool are in use (each lease and each wait holds one): raise pool_max_conns, within the server's max_connections",
+				dlock.ErrResourceLimit, d.pool.Config().MaxConns)
 		}
 		return nil, fmt.Errorf("postgres: getting a connection: %w", err)
 	}
