@@ -63,7 +63,7 @@ type PrimResult struct {
 	SemaphoreOps float64  // acquire+release/s of Workers workers sharing the limit
 	Read         *Latency // RLock+release, one worker
 	Failover     *Latency // leader stops refreshing → the next candidate's Elect returns
-	FailoverTTL  time.Duration
+	FailoverTTL  time.Duration // the leaders' TTL as granted (etcd raises short ones)
 	Errors       []string
 }
 
@@ -134,7 +134,7 @@ func RunPrimitives(ctx context.Context, cfg PrimConfig, targets []PrimTarget) []
 			if res.FailoverTTL <= 0 {
 				res.FailoverTTL = max(time.Second, caps.MinTTL)
 			}
-			if lat, err := failover(ctx, cfg, t, name+":elect", res.FailoverTTL); err != nil {
+			if lat, err := failover(ctx, cfg, t, name+":elect", res.FailoverTTL, &res.FailoverTTL); err != nil {
 				fail("failover", err)
 			} else {
 				res.Failover = &lat
@@ -206,7 +206,7 @@ func semThroughput(ctx context.Context, cfg PrimConfig, t PrimTarget, name strin
 // (its process stops refreshing at once), then a candidate's Elect; each
 // sample runs from the leader's grant to the candidate's
 // Elect returning, so it is the TTL plus what the backend and dlock add.
-func failover(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, ttl time.Duration) (Latency, error) {
+func failover(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, ttl time.Duration, granted *time.Duration) (Latency, error) {
 	a, err := t.Open(ctx)
 	if err != nil {
 		return Latency{}, err
@@ -225,7 +225,7 @@ func failover(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, tt
 		if err != nil {
 			return Latency{}, err
 		}
-		granted := time.Now()
+		elected := time.Now()
 		next, err := b.Elect(ctx, n, "b", &dlock.Options{TTL: ttl})
 		if err != nil {
 			return Latency{}, err
@@ -234,7 +234,8 @@ func failover(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, tt
 		if _, ok := lead.Fence(); !ok {
 			return Latency{}, errors.New("a leadership without a term")
 		}
-		samples = append(samples, at.Sub(granted))
+		*granted = lead.TTL()
+		samples = append(samples, at.Sub(elected))
 		if err := next.Release(ctx); err != nil {
 			return Latency{}, err
 		}
