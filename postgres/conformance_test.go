@@ -105,3 +105,8 @@ func TestConformanceShared(t *testing.T) { runConformanceOf(t, conformance.Confi
 func TestConformanceMinTTL(t *testing.T) {
 	runConformance(t, conformance.Config{TTL: postgres.MinTTL, Chaos: 10 * time.Second})
 }
+
+// The shared-session suite at the declared MinTTL.
+func TestConformanceSharedMinTTL(t *testing.T) {
+	runConformanceOf(t, conformance.Config{TTL: postgres.MinTTL, Chaos: 10 * time.Second}, true)
+}

@@ -331,7 +331,7 @@ func (sess *session) wait(ctx context.Context) error {
 // deadline, see exec) and abandon, if not nil, runs once it is done; call
 // returns ctx's error, and abandoned true (false: op never ran). Giving up
 // the statement itself would end the session, and every lease on it.
-func (sess *session) call(ctx context.Context, op func(), abandon func()) (abandoned bool, _ error) {
+func (sess *session) call(ctx context.Context, op func(), abandon func()) (abandoned bool, err error) {
 	select {
 	case sess.run <- struct{}{}:
 	case <-ctx.Done():
@@ -343,7 +343,7 @@ func (sess *session) call(ctx context.Context, op func(), abandon func()) (aband
 		return false, nil
 	}
 	var mu sync.Mutex
-	finished := false
+	finished, gaveUp := false, false // under mu
 	done := make(chan struct{})
 	sess.set.d.wg.Add(1)
 	go func() {
@@ -352,7 +352,7 @@ func (sess *session) call(ctx context.Context, op func(), abandon func()) (aband
 		<-sess.run
 		mu.Lock()
 		finished = true
-		ab := abandoned
+		ab := gaveUp
 		mu.Unlock()
 		close(done)
 		if ab && abandon != nil {
@@ -369,7 +369,7 @@ func (sess *session) call(ctx context.Context, op func(), abandon func()) (aband
 			<-done
 			return false, nil
 		}
-		abandoned = true
+		gaveUp = true
 		mu.Unlock()
 		return true, ctx.Err()
 	}
@@ -856,9 +856,11 @@ func (sess *session) refresh(ctx context.Context, hs []*sharedLease, ttls []time
 		sess.mu.Unlock()
 	}
 	if _, err := sess.call(ctx, op, nil); err != nil {
+		errs := make([]error, len(hs)) // op may still write its own
 		for i, h := range hs {
 			errs[i] = fmt.Errorf("postgres: refresh of %q: %w", h.name, err)
 		}
+		return errs
 	}
 	return errs
 }
@@ -944,10 +946,13 @@ func (d sharedDriver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle,
 		tt  []time.Duration
 	}
 	groups := make(map[*session]*group)
+	var wg sync.WaitGroup
 	for i, x := range hs {
 		h, ok := x.(*sharedLease)
 		if !ok {
-			_, errs[i] = x.Refresh(ctx, ttls[i])
+			// A lease on a connection of its own (a wait's, another kind's)
+			// refreshes alone, as without batches.
+			wg.Go(func() { _, errs[i] = x.Refresh(ctx, ttls[i]) })
 			continue
 		}
 		g := groups[h.s]
@@ -957,7 +962,6 @@ func (d sharedDriver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle,
 		}
 		g.idx, g.hs, g.tt = append(g.idx, i), append(g.hs, h), append(g.tt, ttls[i])
 	}
-	var wg sync.WaitGroup
 	for sess, g := range groups {
 		wg.Add(1)
 		go func() {
