@@ -290,10 +290,10 @@
 // stacked on a few shared sessions instead: session advisory locks stack on
 // one connection, so a Locker holds thousands of leases on at most
 // SharedConns sessions per TTL (4 by default), measured at 10,000 leases on
-// 4 connections, none lost. Semaphores, read/write locks and locks with
-// metadata keep a connection each (the metadata row is the session's, and a
-// permit's or reader's session-wide setting, its waiting head's queue key,
-// are a session's alone).
+// 4 connections, none lost. Locks with metadata keep a connection each (a
+// session has one metadata row, keyed by its backend); so do semaphores and
+// read/write locks, whose statements set their session up, queue and listen
+// on it: not shown unsound to share, but not shared yet.
 //
 //   - Acquisition: one pg_try_advisory_lock on a shared session of the
 //     lease's TTL. Only when the lock is busy does a waiting Acquire take a
