@@ -105,7 +105,8 @@ type session struct {
 	watching bool
 	stopping bool
 	watched  chan struct{}
-	err      error // why it ended
+	err      error         // why it ended
+	pending  []*releaseReq // releases waiting for the run slot
 }
 
 // sharedLease is the Handle of a lock held on a shared session.
@@ -114,11 +115,12 @@ type sharedLease struct {
 	key  string // KeyPrefix + name
 	name string
 	// under s.mu
-	ttl      time.Duration
-	lastSent time.Time
-	gone     bool
-	lost     bool
-	onLost   func()
+	ttl       time.Duration
+	lastSent  time.Time
+	gone      bool
+	lost      bool
+	releasing bool // a release is pending or under way
+	onLost    func()
 }
 
 // errSessionGone is why the operations of a lease whose shared session
@@ -902,35 +904,106 @@ func (h *sharedLease) Held(ctx context.Context) (bool, error) {
 }
 
 // Release unlocks the lease's key on its session (pg_advisory_unlock,
-// whose result says whether the session held it).
+// whose result says whether the session held it). Releases that queue for
+// the session while a statement runs are sent together, in one statement.
 func (h *sharedLease) Release(ctx context.Context) error {
 	sess := h.s
-	var err error
-	op := func() {
-		sess.mu.Lock()
-		if h.gone || sess.gone {
-			sess.mu.Unlock()
-			err = h.notHeld("release", errSessionGone)
-			return
-		}
-		h.forgetLocked(false)
+	req := &releaseReq{h: h}
+	sess.mu.Lock()
+	switch {
+	case h.gone || sess.gone:
 		sess.mu.Unlock()
-		var ok *bool
-		if qerr := sess.c.Conn().QueryRow(context.Background(), sharedUnlockSQL, sess.pid, h.key).Scan(&ok); qerr != nil {
-			// Unknown whether it was unlocked: the session must end.
-			sess.lose(&connError{qerr})
-			err = h.notHeld("release", qerr)
-		} else if ok == nil || !*ok {
-			sess.lose(errors.New("the session did not hold a lease's lock"))
-			err = h.notHeld("release", errors.New("the session did not hold the lock"))
+		return h.notHeld("release", errSessionGone)
+	case h.releasing:
+		sess.mu.Unlock()
+		return fmt.Errorf("postgres: release of %q: a release cut short is still under way", h.name)
+	}
+	h.releasing = true
+	sess.pending = append(sess.pending, req)
+	sess.mu.Unlock()
+	ab, cerr := sess.call(ctx, sess.releasePending, nil)
+	if cerr == nil {
+		return req.err
+	}
+	if !ab {
+		sess.mu.Lock()
+		for i, r := range sess.pending {
+			if r == req { // not sent: the lease holds on
+				sess.pending = append(sess.pending[:i], sess.pending[i+1:]...)
+				h.releasing = false
+				sess.mu.Unlock()
+				return fmt.Errorf("postgres: release of %q: %w", h.name, cerr)
+			}
 		}
-		sess.set.unreserve(h.key)
+		sess.mu.Unlock()
+	}
+	return fmt.Errorf("postgres: release of %q cut short (it completes in the background): %w", h.name, cerr)
+}
+
+// releaseReq is a release waiting for its session's statement.
+type releaseReq struct {
+	h   *sharedLease
+	err error // set by releasePending
+}
+
+// sharedReleaseSQL unlocks the keys of $2, in order, on the session whose
+// backend is $1 (NULLs on another backend).
+const sharedReleaseSQL = `/* dlock: shared release */ SELECT CASE WHEN pg_backend_pid() = $1 THEN pg_advisory_unlock(hashtextextended(u.k, 0)) END
+FROM unnest($2::text[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i`
+
+// releasePending sends the session's pending releases in one statement; the
+// run slot is held.
+func (sess *session) releasePending() {
+	sess.mu.Lock()
+	reqs := sess.pending
+	sess.pending = nil
+	var sent []*releaseReq
+	var keys []string
+	for _, r := range reqs {
+		if r.h.gone || sess.gone {
+			r.err = r.h.notHeld("release", errSessionGone)
+			continue
+		}
+		r.h.forgetLocked(false)
+		sent, keys = append(sent, r), append(keys, r.h.key)
+	}
+	sess.mu.Unlock()
+	if len(sent) == 0 {
+		return
+	}
+	oks := make([]*bool, 0, len(sent))
+	rows, err := sess.c.Conn().Query(context.Background(), sharedReleaseSQL, sess.pid, keys)
+	if err == nil {
+		for rows.Next() {
+			var ok *bool
+			if err = rows.Scan(&ok); err != nil {
+				break
+			}
+			oks = append(oks, ok)
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err == nil && len(oks) != len(sent) {
+		err = fmt.Errorf("%d rows for %d unlocks", len(oks), len(sent))
+	}
+	if err != nil {
+		// Unknown what was unlocked: the session must end.
+		sess.lose(&connError{err})
+	}
+	for i, r := range sent {
+		switch {
+		case err != nil:
+			r.err = r.h.notHeld("release", err)
+		case oks[i] == nil || !*oks[i]:
+			sess.lose(errors.New("the session did not hold a lease's lock"))
+			r.err = r.h.notHeld("release", errors.New("the session did not hold the lock"))
+		}
+		sess.set.unreserve(r.h.key)
 		sess.set.done(sess)
 	}
-	if _, cerr := sess.call(ctx, op, nil); cerr != nil {
-		return fmt.Errorf("postgres: release of %q cut short (it completes in the background): %w", h.name, cerr)
-	}
-	return err
 }
 
 // sharedDriver is the driver with shared sessions: it refreshes a batch of
