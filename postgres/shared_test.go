@@ -260,3 +260,50 @@ func TestSharedSessionsFewConnections(t *testing.T) {
 		}
 	}
 }
+
+// A Locker never holds one name twice on a shared session (a session's
+// advisory locks stack): a second TryAcquire of a name it holds is busy, a
+// second Acquire waits (on a connection of its own) until the first lease
+// is released, and is then granted.
+func TestSharedSameNameTwice(t *testing.T) {
+	addr := servers.Require(t, servers.Postgres).Addr()
+	ctx := testCtx(t)
+	l := openShared(t, ctx, addr, "")
+	name := "shared-twice-" + rand.Text()[:8]
+	first, err := l.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("second TryAcquire of a held name: %v, want ErrNotAcquired", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		ls, err := l.Acquire(ctx, name, nil)
+		if err == nil {
+			err = ls.Release(ctx)
+		}
+		got <- err
+	}()
+	raw := rawConn(t, addr)
+	for { // the second Acquire queued on the server, behind the first lease
+		entries, err := lockEntries(ctx, raw, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) == 2 {
+			break
+		}
+		select {
+		case err := <-got:
+			t.Fatalf("second Acquire ended while the first lease held the name: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("second Acquire after the release: %v", err)
+	}
+}
