@@ -94,19 +94,20 @@ type session struct {
 	users int       // under set.mu: leases, and acquisitions under way
 	empty time.Time // under set.mu: since when users is 0
 
-	mu       sync.Mutex
-	leases   map[*sharedLease]struct{}
-	ttls     map[time.Duration]int // the leases' TTLs, counted
-	ttl      time.Duration         // idle_session_timeout as last set
-	lastSent time.Time             // when the last statement was sent
-	idle     time.Time             // when the last statement ended
-	busy     bool
-	gone     bool
-	watching bool
-	stopping bool
-	watched  chan struct{}
-	err      error         // why it ended
-	pending  []*releaseReq // releases waiting for the run slot
+	mu        sync.Mutex
+	leases    map[*sharedLease]struct{}
+	ttls      map[time.Duration]int // the leases' TTLs, counted
+	ttl       time.Duration         // idle_session_timeout as last set
+	lastSent  time.Time             // when the last statement was sent
+	idle      time.Time             // when the last statement ended
+	busy      bool
+	gone      bool
+	watching  bool
+	stopping  bool
+	watched   chan struct{}
+	err       error         // why it ended
+	pending   []*releaseReq // releases waiting for the run slot
+	refreshes []*refreshReq // refreshes waiting for the run slot
 }
 
 // sharedLease is the Handle of a lock held on a shared session.
@@ -794,77 +795,115 @@ func (h *sharedLease) Refresh(ctx context.Context, ttl time.Duration) (time.Dura
 	return 0, errs[0]
 }
 
-// refresh refreshes hs, leases of sess, to ttls in one statement.
+// refresh refreshes hs, leases of sess, to ttls in one statement, with
+// the refreshes of other batches queued for the session meanwhile.
 func (sess *session) refresh(ctx context.Context, hs []*sharedLease, ttls []time.Duration) []error {
-	errs := make([]error, len(hs))
-	op := func() {
+	req := &refreshReq{hs: hs, ttls: ttls, errs: make([]error, len(hs))}
+	sess.mu.Lock()
+	sess.refreshes = append(sess.refreshes, req)
+	sess.mu.Unlock()
+	ab, err := sess.call(ctx, sess.refreshPending, nil)
+	if err == nil {
+		return req.errs
+	}
+	if !ab {
 		sess.mu.Lock()
-		if sess.gone {
-			sess.mu.Unlock()
-			for i, h := range hs {
-				errs[i] = h.notHeld("refresh", errSessionGone)
+		for i, r := range sess.refreshes {
+			if r == req { // not sent
+				sess.refreshes = append(sess.refreshes[:i], sess.refreshes[i+1:]...)
+				break
 			}
-			return
 		}
-		live := 0
-		for i, h := range hs {
+		sess.mu.Unlock()
+	}
+	errs := make([]error, len(hs)) // a statement under way may still write req's
+	for i, h := range hs {
+		errs[i] = fmt.Errorf("postgres: refresh of %q: %w", h.name, err)
+	}
+	return errs
+}
+
+// refreshReq is a batch of refreshes waiting for its session's statement.
+type refreshReq struct {
+	hs   []*sharedLease
+	ttls []time.Duration
+	errs []error // set by refreshPending
+}
+
+// refreshPending sends the session's pending refreshes in one statement,
+// which restarts its idle timer and sets idle_session_timeout to the
+// longest TTL of its leases; the run slot is held.
+func (sess *session) refreshPending() {
+	sess.mu.Lock()
+	reqs := sess.refreshes
+	sess.refreshes = nil
+	if sess.gone {
+		sess.mu.Unlock()
+		for _, r := range reqs {
+			for i, h := range r.hs {
+				r.errs[i] = h.notHeld("refresh", errSessionGone)
+			}
+		}
+		return
+	}
+	// The session's timeout covers the leases' TTLs before and after: a
+	// lease's TTL changes only once the statement is answered.
+	live := 0
+	ttl := sess.maxTTLLocked(0)
+	for _, r := range reqs {
+		for i, h := range r.hs {
 			if h.gone {
-				errs[i] = h.notHeld("refresh", errors.New("the lease has ended (released, or expired)"))
+				r.errs[i] = h.notHeld("refresh", errors.New("the lease has ended (released, or expired)"))
 				continue
 			}
 			live++
-			if sess.ttls[h.ttl]--; sess.ttls[h.ttl] <= 0 {
-				delete(sess.ttls, h.ttl)
-			}
-			sess.ttls[ttls[i]]++
-			h.ttl = ttls[i]
+			ttl = max(ttl, r.ttls[i])
 		}
-		ttl := sess.maxTTLLocked(0)
-		sess.mu.Unlock()
-		if live == 0 {
-			return
-		}
-		ms, _ := millis(ttl)
-		sent := time.Now()
-		var pid int32
-		var idle *string
-		err := sess.c.Conn().QueryRow(context.Background(), sharedRefreshSQL, sess.pid, ms).Scan(&pid, &idle)
-		if err == nil && idle == nil {
-			err = fmt.Errorf("%w: lease taken on backend %d, refresh ran on backend %d", ErrPooler, sess.pid, pid)
-			sess.lose(err)
-		}
-		if err != nil {
-			gone := sess.failed(err) || sess.isGone()
-			for i, h := range hs {
-				if errs[i] == nil {
+	}
+	sess.mu.Unlock()
+	if live == 0 {
+		return
+	}
+	ms, _ := millis(ttl)
+	sent := time.Now()
+	var pid int32
+	var idle *string
+	err := sess.c.Conn().QueryRow(context.Background(), sharedRefreshSQL, sess.pid, ms).Scan(&pid, &idle)
+	if err == nil && idle == nil {
+		err = fmt.Errorf("%w: lease taken on backend %d, refresh ran on backend %d", ErrPooler, sess.pid, pid)
+		sess.lose(err)
+	}
+	if err != nil {
+		gone := sess.failed(err) || sess.isGone()
+		for _, r := range reqs {
+			for i, h := range r.hs {
+				if r.errs[i] == nil {
 					if gone {
-						errs[i] = h.notHeld("refresh", err)
+						r.errs[i] = h.notHeld("refresh", err)
 					} else {
-						errs[i] = fmt.Errorf("postgres: refresh of %q: %w", h.name, err)
+						r.errs[i] = fmt.Errorf("postgres: refresh of %q: %w", h.name, err)
 					}
 				}
 			}
-			return
 		}
-		sess.mu.Lock()
-		sess.ttl, sess.lastSent = ttl, sent
-		for i, h := range hs {
-			if errs[i] == nil && !h.gone {
-				h.lastSent = sent
-			} else if errs[i] == nil {
-				errs[i] = h.notHeld("refresh", errSessionGone)
+		return
+	}
+	sess.mu.Lock()
+	sess.ttl, sess.lastSent = ttl, sent
+	for _, r := range reqs {
+		for i, h := range r.hs {
+			if r.errs[i] == nil && !h.gone {
+				if sess.ttls[h.ttl]--; sess.ttls[h.ttl] <= 0 {
+					delete(sess.ttls, h.ttl)
+				}
+				sess.ttls[r.ttls[i]]++
+				h.ttl, h.lastSent = r.ttls[i], sent
+			} else if r.errs[i] == nil {
+				r.errs[i] = h.notHeld("refresh", errSessionGone)
 			}
 		}
-		sess.mu.Unlock()
 	}
-	if _, err := sess.call(ctx, op, nil); err != nil {
-		errs := make([]error, len(hs)) // op may still write its own
-		for i, h := range hs {
-			errs[i] = fmt.Errorf("postgres: refresh of %q: %w", h.name, err)
-		}
-		return errs
-	}
-	return errs
+	sess.mu.Unlock()
 }
 
 // Held asks the session whether it holds the lease's lock (held.sql),
