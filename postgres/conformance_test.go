@@ -106,7 +106,7 @@ func TestConformanceMinTTL(t *testing.T) {
 	runConformance(t, conformance.Config{TTL: postgres.MinTTL, Chaos: 10 * time.Second})
 }
 
-// The shared-session suite at the declared MinTTL.
+// The shared-session suite at its declared MinTTL.
 func TestConformanceSharedMinTTL(t *testing.T) {
-	runConformanceOf(t, conformance.Config{TTL: postgres.MinTTL, Chaos: 10 * time.Second}, true)
+	runConformanceOf(t, conformance.Config{TTL: postgres.SharedMinTTL, Chaos: 10 * time.Second}, true)
 }

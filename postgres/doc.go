@@ -322,7 +322,9 @@
 //     stack): a name it holds on a shared session is busy for its other
 //     attempts, which wait on a connection of their own.
 //
-// Statements on a shared session run one at a time; a ctx that ends
+// The shortest TTL is then SharedMinTTL (500ms), not MinTTL: statements on a
+// shared session run one at a time, and a batch's refreshes complete
+// together. Statements on a shared session run one at a time; a ctx that ends
 // during one returns at once while the statement completes in the
 // background (and gives back what it took), since cancelling it would end
 // the session and every lease on it. A shared session with no lease goes
