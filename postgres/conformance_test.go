@@ -17,8 +17,9 @@ import (
 // harness gives every locker its own pool dialling the shared server through
 // its own faultnet proxy.
 type harness struct {
-	addr string
-	raw  *pgx.Conn // straight to the server, for Residue; nil: one per call
+	addr   string
+	raw    *pgx.Conn // straight to the server, for Residue; nil: one per call
+	shared bool      // Options.SharedSessions
 }
 
 func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
@@ -28,7 +29,7 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	o := &postgres.Options{}
+	o := &postgres.Options{SharedSessions: h.shared}
 	if defaults != nil {
 		o.Defaults = *defaults
 	}
@@ -81,20 +82,31 @@ func (h ownServer) RestartServer(ctx context.Context) error { return h.srv.Resta
 // runConformance runs the suite on a server of its own, so that the Chaos
 // section can pause and restart it; on an external server
 // (DLOCK_POSTGRES_ADDR) it runs without server faults.
-func runConformance(t *testing.T, cfg conformance.Config) {
+func runConformance(t *testing.T, cfg conformance.Config) { runConformanceOf(t, cfg, false) }
+
+func runConformanceOf(t *testing.T, cfg conformance.Config, shared bool) {
 	if os.Getenv("DLOCK_POSTGRES_ADDR") != "" {
 		srv := servers.Require(t, servers.Postgres)
-		conformance.RunConfig(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr())}, cfg)
+		conformance.RunConfig(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr()), shared: shared}, cfg)
 		return
 	}
 	srv := servers.RequireNew(t, servers.Postgres)
-	conformance.RunConfig(t, ownServer{harness{addr: srv.Addr()}, srv}, cfg)
+	conformance.RunConfig(t, ownServer{harness{addr: srv.Addr(), shared: shared}, srv}, cfg)
 }
 
 func TestConformance(t *testing.T) { runConformance(t, conformance.Config{}) }
+
+// The suite with Options.SharedSessions: locks stacked on shared sessions,
+// waits on dedicated connections.
+func TestConformanceShared(t *testing.T) { runConformanceOf(t, conformance.Config{}, true) }
 
 // The suite again at the declared MinTTL: the bounds hold for the shortest
 // TTL the driver accepts.
 func TestConformanceMinTTL(t *testing.T) {
 	runConformance(t, conformance.Config{TTL: postgres.MinTTL, Chaos: 10 * time.Second})
+}
+
+// The shared-session suite at its declared MinTTL.
+func TestConformanceSharedMinTTL(t *testing.T) {
+	runConformanceOf(t, conformance.Config{TTL: postgres.SharedMinTTL, Chaos: 10 * time.Second}, true)
 }

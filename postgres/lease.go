@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -38,6 +39,9 @@ type lease struct {
 	slot       int32      // a permit's slot
 	relExtra   [][]byte   // a permit's release parameters after release's: slot, limit
 	meta       bool       // the session recorded the lock's metadata (metadata.go)
+	// waitSlot: the connection is one of the shared sessions' waiting
+	// connections (shared.go), whose place frees when the lease ends
+	waitSlot atomic.Bool
 	// ms is the session's idle_session_timeout, in milliseconds, as the
 	// acquisition or the last refresh set it; "" after held.sql set it to
 	// the time left. The Locker serialises the statements that use it.
@@ -53,6 +57,14 @@ type lease struct {
 	watching bool
 	stopping bool          // the watcher is being stopped by us
 	watched  chan struct{} // closed when the watcher has returned
+}
+
+// freeWaitSlot gives back the lease's place among the waiting connections,
+// once.
+func (h *lease) freeWaitSlot() {
+	if h.waitSlot.CompareAndSwap(true, false) {
+		<-h.d.shared.waits
+	}
 }
 
 // errGone is what the operations of a lease that gave its connection up

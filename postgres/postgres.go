@@ -161,6 +161,24 @@ type Options struct {
 	// the lease lost), but not before: never set it for a transaction pooler.
 	// Default false: any proxy is refused with ErrPooler.
 	SessionPooler bool
+
+	// SharedSessions stacks the advisory locks of many leases on a few
+	// shared sessions instead of a connection per lease (URL:
+	// shared_sessions=true); see the package doc, Shared sessions. It
+	// applies to locks without metadata; semaphores, read/write locks and
+	// locks with metadata keep a connection each. Default false.
+	SharedSessions bool
+
+	// SharedConns is the most shared sessions per TTL (URL: shared_conns).
+	// Default DefaultSharedConns (4).
+	SharedConns int
+
+	// WaitConns bounds the connections of waiting Acquires with
+	// SharedSessions (URL: wait_conns): an Acquire that finds its lock busy
+	// waits on one of its own, and keeps it for the lease it is granted;
+	// past the bound it fails at once with dlock.ErrResourceLimit. Default
+	// DefaultWaitConns (16).
+	WaitConns int
 }
 
 // New returns a Locker taking its connections from the application's pool.
@@ -170,7 +188,16 @@ func New(pool *pgxpool.Pool, opts *Options) (*dlock.Locker, error) {
 		return nil, fmt.Errorf("%w: postgres: nil pool", dlock.ErrInvalid)
 	}
 	d := newDriver(pool, opts, false)
-	return dlock.New(d, &d.defaults)
+	return dlock.New(d.api(), &d.defaults)
+}
+
+// api is the driver as the Locker sees it: with shared sessions, one that
+// refreshes leases in batches.
+func (d *driver) api() dlockdriver.Driver {
+	if d.shared != nil {
+		return sharedDriver{d}
+	}
+	return d
 }
 
 // NewFromConfig makes a pool from cfg, checks that the server answers
@@ -188,7 +215,7 @@ func NewFromConfig(ctx context.Context, cfg *pgxpool.Config, opts *Options) (*dl
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	d := newDriver(pool, opts, true)
-	l, err := dlock.New(d, &d.defaults)
+	l, err := dlock.New(d.api(), &d.defaults)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -255,6 +282,9 @@ func newDriver(pool *pgxpool.Pool, opts *Options, ownsPool bool) *driver {
 		d.meta = newMetadataStmts(d.fence)
 	}
 	d.defaults = o.Defaults
+	if o.SharedSessions {
+		d.shared = newSharedSet(d, o.SharedConns, o.WaitConns)
+	}
 	return d
 }
 
@@ -275,6 +305,8 @@ type driver struct {
 	// the statements of the other kinds (kinds.go), by Kind
 	kinds [dlockdriver.KindWrite + 1]*kindStmts
 	meta  *metadataStmts // nil without fencing (metadata.go)
+	// shared is nil unless Options.SharedSessions (shared.go)
+	shared *sharedSet
 
 	mu       sync.Mutex
 	closed   bool
@@ -435,9 +467,18 @@ func (r *acquireRow) decode(v [][]byte) (err error) {
 	return nil
 }
 
-// acquire makes one attempt on a connection from the pool: one
-// pg_try_advisory_lock, or one wait in pg_advisory_lock.
+// acquire makes one attempt: on a shared session (shared.go), or on a
+// connection of its own (acquireConn).
 func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string, wait bool) (*dlockdriver.Grant, error) {
+	if d.shared != nil && req.Kind == dlockdriver.KindLock && (req.Metadata == "" || d.meta == nil) {
+		return d.shared.acquire(ctx, req, ms, wait)
+	}
+	return d.acquireConn(ctx, req, ms, wait)
+}
+
+// acquireConn makes one attempt on a connection from the pool: one
+// pg_try_advisory_lock, or one wait in pg_advisory_lock.
+func (d *driver) acquireConn(ctx context.Context, req dlockdriver.Request, ms string, wait bool) (*dlockdriver.Grant, error) {
 	// A lock may take a parked connection; the other kinds take theirs from
 	// the pool (kinds.go).
 	var ks *kindStmts
@@ -670,6 +711,7 @@ func (d *driver) unreserve() {
 
 // park also forgets h, the lease the connection was released from.
 func (d *driver) park(p parked, h *lease) {
+	h.freeWaitSlot()
 	d.mu.Lock()
 	d.parking--
 	delete(d.leases, h)
@@ -785,6 +827,7 @@ func (d *driver) sweep() {
 }
 
 func (d *driver) untrack(h *lease) {
+	h.freeWaitSlot()
 	d.mu.Lock()
 	delete(d.leases, h)
 	d.mu.Unlock()
@@ -808,6 +851,9 @@ func (d *driver) Close() error {
 	d.mu.Unlock()
 	for _, h := range leases {
 		h.giveUp()
+	}
+	if d.shared != nil {
+		d.shared.close()
 	}
 	for _, p := range parked {
 		discard(p.c) // nothing to keep: no lock, no setting worth a statement

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/dlock/dlock"
@@ -27,6 +28,9 @@ const (
 	paramFencing       = "fencing"
 	paramSessionPooler = "session_pooler"
 	paramFenceSchema   = "fence_schema"
+	paramShared        = "shared_sessions"
+	paramSharedConns   = "shared_conns"
+	paramWaitConns     = "wait_conns"
 )
 
 // open is the dlockdriver.OpenFunc for postgres:// and postgresql:// URLs.
@@ -42,7 +46,7 @@ func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
 	}
 	d := newDriver(pool, opts, true)
 	d.addr = dlockdriver.RedactURL(u)
-	return d, nil
+	return d.api(), nil
 }
 
 // ParseURL turns a postgres:// or postgresql:// URL into a pool
@@ -75,6 +79,19 @@ func ParseURL(u *url.URL) (*pgxpool.Config, *Options, error) {
 	}
 	opts.FenceSchema, _ = p.Take(paramFenceSchema)
 	opts.SessionPooler, _ = p.TakeBool(paramSessionPooler)
+	opts.SharedSessions, _ = p.TakeBool(paramShared)
+	for _, n := range []struct {
+		param string
+		into  *int
+	}{{paramSharedConns, &opts.SharedConns}, {paramWaitConns, &opts.WaitConns}} {
+		if v, ok := p.Take(n.param); ok {
+			i, err := strconv.Atoi(v)
+			if err != nil || i < 1 {
+				return nil, nil, invalid("%s=%q: want a whole number of at least 1", n.param, v)
+			}
+			*n.into = i
+		}
+	}
 	if p.Err != nil { // what is left goes to pgx, which knows its parameters
 		return nil, nil, p.Err
 	}

@@ -29,6 +29,8 @@ func TestParseURL(t *testing.T) {
 		{"postgres://h/db?ttl=10s&refresh=false&prefix=app/&fencing=false&session_pooler=true&application_name=x",
 			postgres.Options{Defaults: dlock.Options{TTL: 10 * time.Second, NoRefresh: true}, KeyPrefix: "app/", NoFencing: true, SessionPooler: true}, postgres.DefaultMaxConns},
 		{"postgres://h/db?fencing=true", postgres.Options{}, postgres.DefaultMaxConns},
+		{"postgres://h/db?shared_sessions=true&shared_conns=2&wait_conns=8",
+			postgres.Options{SharedSessions: true, SharedConns: 2, WaitConns: 8}, postgres.DefaultMaxConns},
 	} {
 		u, _ := url.Parse(tc.url)
 		cfg, opts, err := postgres.ParseURL(u)
@@ -42,7 +44,7 @@ func TestParseURL(t *testing.T) {
 		if cfg.MaxConns != tc.maxConns {
 			t.Errorf("ParseURL(%s) MaxConns = %d, want %d", tc.url, cfg.MaxConns, tc.maxConns)
 		}
-		for _, k := range []string{"prefix", "fencing", "session_pooler", "ttl", "refresh"} {
+		for _, k := range []string{"prefix", "fencing", "session_pooler", "ttl", "refresh", "shared_sessions", "shared_conns", "wait_conns"} {
 			if _, ok := cfg.ConnConfig.RuntimeParams[k]; ok {
 				t.Errorf("ParseURL(%s) passes %s to the server", tc.url, k)
 			}
@@ -55,6 +57,9 @@ func TestParseURLInvalid(t *testing.T) {
 		"redis://h/db",
 		"postgres://u:s3cret@h/db?fencing=maybe",
 		"postgres://u:s3cret@h/db?session_pooler=2x",
+		"postgres://u:s3cret@h/db?shared_sessions=yes",
+		"postgres://u:s3cret@h/db?shared_conns=0",
+		"postgres://u:s3cret@h/db?wait_conns=many",
 		"postgres://u:s3cret@h/db?prefix=a&prefix=b",
 		"postgres://u:s3cret@h/db?ttl=soon",
 		"postgres://u:s3cret@h/db?sslmode=bogus",
