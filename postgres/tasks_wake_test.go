@@ -1,0 +1,266 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/postgres"
+	"github.com/dlock/dlock/queue"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var tableSeq atomic.Int64
+
+// wakeTable returns a task table of its own for the test (dropped at
+// cleanup), so that no other test's listener holds its waiters key, and a
+// pool on addr.
+func wakeTable(t *testing.T, addr string) (string, *pgxpool.Pool) {
+	t.Helper()
+	pool, err := pgxpool.NewWithConfig(t.Context(), poolConfig(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	table := fmt.Sprintf("dlock_tasks_wake_%d_%d", time.Now().UnixNano(), tableSeq.Add(1))
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	return table, pool
+}
+
+func newTaskQueue(t *testing.T, pool *pgxpool.Pool, table, name string) *queue.Queue {
+	t.Helper()
+	c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	q, err := c.Queue(name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// firstNotification returns the payload of the next notification on c.
+func firstNotification(t *testing.T, c *pgx.Conn) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	n, err := c.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Payload
+}
+
+// An Enqueue sends a NOTIFY only while some session holds the table's
+// waiters key, as doc.go's Layout says (from psql): a LISTEN alone hears
+// nothing, a LISTEN with the key hears the enqueue. Notifications arrive
+// in commit order, so a marker sent after the Enqueue tells whether it
+// notified.
+func TestEnqueueNotifiesOnlyRegisteredListeners(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	table, pool := wakeTable(t, srv.Addr())
+	q := newTaskQueue(t, pool, table, uniqueName(t))
+	listener, marker := rawConn(t, srv.Addr()), rawConn(t, srv.Addr())
+	if _, err := listener.Exec(ctx, "LISTEN dlock_tasks"); err != nil {
+		t.Fatal(err)
+	}
+	step := func(id string) string {
+		t.Helper()
+		if _, err := q.Enqueue(ctx, id, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := marker.Exec(ctx, "SELECT pg_notify('dlock_tasks', 'marker')"); err != nil {
+			t.Fatal(err)
+		}
+		got := firstNotification(t, listener)
+		if got != "marker" {
+			if m := firstNotification(t, listener); m != "marker" {
+				t.Fatalf("after %q's notification: got %q, want the marker", got, m)
+			}
+		}
+		return got
+	}
+	if got := step("a"); got != "marker" {
+		t.Errorf("with no registered listener: got a notification %q before the marker, want none", got)
+	}
+	if _, err := listener.Exec(ctx, fmt.Sprintf("SELECT pg_advisory_lock_shared(hashtextextended('%s', 5))", table)); err != nil {
+		t.Fatal(err)
+	}
+	if got := step("b"); got != q.Name() {
+		t.Errorf("with a registered listener: got %q first, want the queue's name %q", got, q.Name())
+	}
+}
+
+// The barrier: an Enqueue that tested the waiters key before a listener
+// took it (so it will not notify) and has not committed when the listener
+// registers holds the listener's Client back until it commits, so that the
+// Client's first look sees the task. The Enqueue is held uncommitted by a
+// raw transaction inserting the same id; the ClaimWait must have the task
+// promptly once that transaction rolls back (without the barrier it would
+// sleep until queue's longest wait, 5s, past its 3s ctx).
+func TestWakeupBarrier(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	table, pool := wakeTable(t, srv.Addr())
+	name := uniqueName(t)
+	producer := newTaskQueue(t, pool, table, name)
+	if _, err := producer.Len(ctx); err != nil { // creates the table
+		t.Fatal(err)
+	}
+	raw, watch := rawConn(t, srv.Addr()), rawConn(t, srv.Addr())
+	tx, err := raw.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var xid int64
+	if err := tx.QueryRow(ctx, "INSERT INTO "+table+" (queue, id, due, payload) VALUES ($1, 'x', now(), '') RETURNING pg_current_xact_id()::text::bigint", name).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	enq := make(chan error, 1)
+	go func() {
+		_, err := producer.Enqueue(ctx, "x", nil)
+		enq <- err
+	}()
+	awaitRow(t, watch, "the Enqueue waiting for the raw transaction",
+		"SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND transactionid::text::bigint = $1 AND NOT granted", xid)
+	worker := newTaskQueue(t, pool, table, name)
+	type result struct {
+		cl  []*queue.Claim
+		err error
+		at  time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		cl, err := worker.ClaimWait(wctx, 1, time.Minute)
+		got <- result{cl, err, time.Now()}
+	}()
+	awaitRow(t, watch, "the listener waiting at the barrier", fmt.Sprintf(`SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted AND mode = 'ExclusiveLock'
+		  AND classid = ((hashtextextended('%[1]s', 6) >> 32) & 4294967295)::oid
+		  AND objid = (hashtextextended('%[1]s', 6) & 4294967295)::oid`, table))
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-enq; err != nil {
+		t.Fatal(err)
+	}
+	done := time.Now()
+	r := <-got
+	if r.err != nil || len(r.cl) != 1 || r.cl[0].ID != "x" {
+		t.Fatalf("ClaimWait: got %d tasks, %v; want task x (a missed wake-up)", len(r.cl), r.err)
+	}
+	if d := r.at.Sub(done); d > time.Second {
+		t.Errorf("ClaimWait had the task %v after the Enqueue returned, want at once", d)
+	}
+}
+
+// awaitRow waits until query (one count) on c is positive: a server-side
+// event the test synchronises on.
+func awaitRow(t *testing.T, c *pgx.Conn, what, query string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := c.QueryRow(t.Context(), query, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not seen in 10s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Races between an Enqueue and a ClaimWait that starts at the same moment
+// on a new Client (whose listener registers during the race), many times
+// over, several at once: no ClaimWait sleeps past its task. The bound
+// (1s after the Enqueue returned) is far above the wake-up path (ms) and
+// far below queue's longest wait (5s), which is how long a ClaimWait that
+// missed its wake-up sleeps; the ClaimWait's ctx (4s) ends before that.
+func TestNoMissedWakeups(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	table, pool := wakeTable(t, srv.Addr())
+	const pairs, rounds = 4, 60
+	if _, err := newTaskQueue(t, pool, table, "setup").Len(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		missed, total atomic.Int64
+		worst         atomic.Int64
+		wg            sync.WaitGroup
+	)
+	for p := range pairs {
+		producer := newTaskQueue(t, pool, table, fmt.Sprintf("%s-%d", uniqueName(t), p))
+		wg.Go(func() {
+			for i := range rounds {
+				c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				worker, _ := c.Queue(producer.Name(), nil)
+				start := make(chan struct{})
+				type result struct {
+					cl  []*queue.Claim
+					err error
+					at  time.Time
+				}
+				got := make(chan result, 1)
+				go func() {
+					wctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+					defer cancel()
+					<-start
+					cl, err := worker.ClaimWait(wctx, 1, time.Minute)
+					got <- result{cl, err, time.Now()}
+				}()
+				close(start)
+				if i%3 == 1 {
+					time.Sleep(time.Duration(i%7) * 100 * time.Microsecond) // vary who goes first
+				}
+				if _, err := producer.Enqueue(ctx, fmt.Sprint("t", i), nil); err != nil {
+					t.Error(err)
+				}
+				enqueued := time.Now()
+				r := <-got
+				total.Add(1)
+				late := r.at.Sub(enqueued)
+				for w := worst.Load(); int64(late) > w && !worst.CompareAndSwap(w, int64(late)); w = worst.Load() {
+				}
+				switch {
+				case errors.Is(r.err, context.DeadlineExceeded) || r.err == nil && late > time.Second:
+					missed.Add(1)
+				case r.err != nil:
+					t.Error(r.err)
+				case len(r.cl) != 1:
+					t.Errorf("ClaimWait returned %d tasks, want 1", len(r.cl))
+				default:
+					if err := r.cl[0].Ack(ctx); err != nil {
+						t.Error(err)
+					}
+				}
+				_ = c.Close()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d races, %d wake-ups missed, slowest ClaimWait %v after its Enqueue returned", total.Load(), missed.Load(), time.Duration(worst.Load()))
+	if missed.Load() > 0 {
+		t.Errorf("%d of %d ClaimWaits slept past their task, want none", missed.Load(), total.Load())
+	}
+}
