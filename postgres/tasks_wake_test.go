@@ -264,3 +264,79 @@ func TestNoMissedWakeups(t *testing.T) {
 		t.Errorf("%d of %d ClaimWaits slept past their task, want none", missed.Load(), total.Load())
 	}
 }
+
+// A Nack and a Requeue, which make a task due again, wake a ClaimWait
+// blocked in another Client (registered as a listener), well before
+// queue's longest wait (5s): they notify as Enqueue does.
+func TestNackAndRequeueWake(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	table, pool := wakeTable(t, srv.Addr())
+	name := uniqueName(t)
+	a := newTaskQueue(t, pool, table, name)
+	watch := rawConn(t, srv.Addr())
+	c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	dead, err := c.Queue(name, &queue.Options{MaxAttempts: 1}) // a Nack dead-letters
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{"Nack", "Requeue"} {
+		if _, err := a.Enqueue(ctx, kind, nil); err != nil {
+			t.Fatal(err)
+		}
+		claimer := a
+		if kind == "Requeue" {
+			claimer = dead
+		}
+		cl, err := claimer.Claim(ctx, 1, time.Minute)
+		if err != nil || len(cl) != 1 {
+			t.Fatalf("Claim: %d, %v", len(cl), err)
+		}
+		if kind == "Requeue" {
+			if err := cl[0].Nack(ctx, 0); err != nil { // its one attempt: dead
+				t.Fatal(err)
+			}
+		}
+		b := newTaskQueue(t, pool, table, name)
+		got := make(chan error, 1)
+		go func() {
+			cs, err := b.ClaimWait(ctx, 1, time.Minute)
+			if err == nil && len(cs) == 1 {
+				err = cs[0].Ack(ctx)
+			}
+			got <- err
+		}()
+		awaitRow(t, watch, "the waiter's listener", fmt.Sprintf(`SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND mode = 'ShareLock'
+			  AND classid = ((hashtextextended('%[1]s', 5) >> 32) & 4294967295)::oid
+			  AND objid = (hashtextextended('%[1]s', 5) & 4294967295)::oid`, table))
+		time.Sleep(200 * time.Millisecond) // let it block (no event tells that it has)
+		sent := time.Now()
+		if kind == "Nack" {
+			err = cl[0].Nack(ctx, 0)
+		} else {
+			var ok bool
+			if ok, err = a.Requeue(ctx, kind, 0); err == nil && !ok {
+				err = fmt.Errorf("Requeue: the task was not dead")
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("%s: %v", kind, err)
+			}
+			if d := time.Since(sent); d > time.Second {
+				t.Errorf("ClaimWait returned %v after the %s: not woken by it", d, kind)
+			}
+		case <-time.After(4 * time.Second):
+			t.Fatalf("ClaimWait not woken by the %s", kind)
+		}
+	}
+}
