@@ -111,6 +111,8 @@ type taskDriver struct {
 	ddlMu sync.Mutex
 	ddlOK bool
 
+	due dueWakes // the due times of waiting Claims and Pops (tasks_due.go)
+
 	wmu      sync.Mutex
 	watchers map[string]map[chan struct{}]struct{} // by queue
 	listener *pgxpool.Conn                         // LISTENing while someone watches
@@ -306,8 +308,13 @@ func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, arg
 	if err := d.ensure(ctx); err != nil {
 		return nil, 0, err
 	}
+	waits := what != "peek"
+	if waits {
+		d.due.await(qn)
+	}
 	var out []row
 	for {
+		mark := d.due.mark()
 		sent := time.Now()
 		rows, err := d.pool.Query(ctx, stmt, args...)
 		if err != nil {
@@ -321,6 +328,9 @@ func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, arg
 		if recovered == 0 || len(got) == 0 && wait != 0 || len(got) >= args[1].(int) {
 			if wait > 0 {
 				wait = untilDue(wait, sent)
+				if waits && wait > 0 {
+					wait = d.due.report(qn, wait, mark)
+				}
 			}
 			return out, wait, nil
 		}
@@ -624,6 +634,7 @@ func (d *taskDriver) listen(ctx context.Context, conn *pgxpool.Conn) {
 			if d.listener == conn {
 				d.listener, d.stopL = nil, nil
 			}
+			d.due.signalled()
 			for _, ws := range d.watchers {
 				for c := range ws {
 					signal(c)
@@ -646,6 +657,9 @@ func (d *taskDriver) listen(ctx context.Context, conn *pgxpool.Conn) {
 			return
 		}
 		d.wmu.Lock()
+		if len(d.watchers[n.Payload]) > 0 {
+			d.due.signalled() // before the waiters can look
+		}
 		for c := range d.watchers[n.Payload] {
 			signal(c)
 		}
