@@ -365,7 +365,9 @@
 //	SELECT pg_advisory_lock(hashtextextended('dlock_tasks', 6)), pg_advisory_unlock(hashtextextended('dlock_tasks', 6));
 //
 // hears every later enqueue on the default table; a LISTEN alone hears only
-// what changes make while some Client waits. A waiting Claim's timer to the
-// next due time is counted in microseconds from when its statement was
-// sent, so that the next Claim reaches the server as the task becomes due.
+// what changes make while some Client waits. A waiting Claim's wait for
+// the next due time is counted in microseconds from when its statement was
+// sent, and its last 1.5ms is slept in the kernel rather than on a Go timer
+// (which may fire up to a millisecond late; tasks_due.go), so that the next
+// Claim reaches the server as the task becomes due.
 package postgres

@@ -219,12 +219,12 @@ const enqueueSQL = `WITH w AS MATERIALIZED (SELECT ` + waitersTest + ` AS waiter
 // it has had $3 deliveries. op is a CTE named op returning (id, due_ms,
 // attempts, payload, token). The statement returns op's rows, each with the
 // number of claims recovered; when op has none, one row of NULLs with the
-// time from the statement's now() until the next due task or claim expiry
-// (NULL when there is none, in µs: the due times are to the ms, but a wait rounded to the ms
-// would wake a waiter up to half a ms early, for nothing, or late) instead.
-// Recovered tasks are not visible to op (one snapshot): the
-// caller runs it again when it took fewer than it asked for and some were
-// recovered.
+// time in µs from the statement's now() until the next due task or claim
+// expiry (NULL when there is none) instead: due times are to the ms, but a
+// wait rounded to the ms would wake a waiter up to half a ms early, for
+// nothing, or late. Recovered tasks are not visible to op (one snapshot):
+// the caller runs it again when it took fewer than it asked for and some
+// were recovered.
 func takeSQL(op string) string {
 	return `WITH rec AS (UPDATE dlock_tasks SET token = NULL,
 	  state = CASE WHEN $3::int > 0 AND attempts >= $3::int THEN 2 ELSE 0 END,

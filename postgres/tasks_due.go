@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -62,6 +63,17 @@ func (w *dueWakes) report(queue string, wait time.Duration, mark uint64) time.Du
 	defer w.mu.Unlock()
 	if w.pending == nil {
 		w.pending = map[string][]dueWake{}
+	}
+	if len(w.pending) >= 64 { // waiters that never came back: forget what has passed
+		now := time.Now()
+		for q, ps := range w.pending {
+			ps = slices.DeleteFunc(ps, func(p dueWake) bool { return !p.at.After(now) })
+			if len(ps) == 0 {
+				delete(w.pending, q)
+			} else {
+				w.pending[q] = ps
+			}
+		}
 	}
 	w.pending[queue] = append(w.pending[queue], dueWake{at: at, signals: mark})
 	return max(wait-earlyWake, 0)

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -50,5 +51,19 @@ func TestDueWakes(t *testing.T) {
 	}
 	if n := len(w.pending); n != 0 {
 		t.Errorf("%d queues with due times left, want none", n)
+	}
+}
+
+// Due times of waiters that never came back are forgotten once passed,
+// when many queues have some.
+func TestDueWakesForgetsAbandoned(t *testing.T) {
+	var w dueWakes
+	for i := range 100 {
+		w.report(fmt.Sprint("q", i), time.Microsecond, w.mark())
+	}
+	time.Sleep(time.Millisecond)
+	w.report("last", time.Hour, w.mark())
+	if n := len(w.pending); n > 64 {
+		t.Errorf("%d queues with due times, want at most 64", n)
 	}
 }
