@@ -192,6 +192,9 @@ func awaitRow(t *testing.T, c *pgx.Conn, what, query string, args ...any) {
 // (1s after the Enqueue returned) is far above the wake-up path (ms) and
 // far below queue's longest wait (5s), which is how long a ClaimWait that
 // missed its wake-up sleeps; the ClaimWait's ctx (4s) ends before that.
+// One task in three is delayed (3 to 15ms), so that the ClaimWait also
+// wakes on its timer to the due time (and its last sleep in the kernel,
+// tasks_due.go): the bound then counts from the due time.
 func TestNoMissedWakeups(t *testing.T) {
 	ctx := testCtx(t)
 	srv := servers.Require(t, servers.Postgres)
@@ -233,10 +236,18 @@ func TestNoMissedWakeups(t *testing.T) {
 				if i%3 == 1 {
 					time.Sleep(time.Duration(i%7) * 100 * time.Microsecond) // vary who goes first
 				}
-				if _, err := producer.Enqueue(ctx, fmt.Sprint("t", i), nil); err != nil {
+				var delay time.Duration
+				if i%3 == 2 {
+					delay = time.Duration(i%5+1) * 3 * time.Millisecond
+				}
+				sent := time.Now()
+				if _, err := producer.Enqueue(ctx, fmt.Sprint("t", i), &queue.EnqueueOptions{Delay: delay}); err != nil {
 					t.Error(err)
 				}
 				enqueued := time.Now()
+				if due := sent.Add(delay); due.After(enqueued) {
+					enqueued = due
+				}
 				r := <-got
 				total.Add(1)
 				late := r.at.Sub(enqueued)
@@ -259,7 +270,7 @@ func TestNoMissedWakeups(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("%d races, %d wake-ups missed, slowest ClaimWait %v after its Enqueue returned", total.Load(), missed.Load(), time.Duration(worst.Load()))
+	t.Logf("%d races, %d wake-ups missed, slowest ClaimWait %v after its Enqueue returned (or its task was due)", total.Load(), missed.Load(), time.Duration(worst.Load()))
 	if missed.Load() > 0 {
 		t.Errorf("%d of %d ClaimWaits slept past their task, want none", missed.Load(), total.Load())
 	}
