@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -349,5 +350,43 @@ func TestNackAndRequeueWake(t *testing.T) {
 		case <-time.After(4 * time.Second):
 			t.Fatalf("ClaimWait not woken by the %s", kind)
 		}
+	}
+}
+
+// A listener stopped after its last waiter left (and the linger passed)
+// drops the waiters key with its UNLISTEN and goes back to the pool, its
+// session alive: enqueues stop notifying, and no connection is lost.
+func TestListenerDropsWaitersKey(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	table, pool := wakeTable(t, srv.Addr())
+	q := newTaskQueue(t, pool, table, uniqueName(t))
+	watch := rawConn(t, srv.Addr())
+	held := fmt.Sprintf(`SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+		  AND classid = ((hashtextextended('%[1]s', 5) >> 32) & 4294967295)::oid
+		  AND objid = (hashtextextended('%[1]s', 5) & 4294967295)::oid`, table)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := q.ClaimWait(wctx, 1, time.Minute)
+		done <- err
+	}()
+	awaitRow(t, watch, "the listener holding the waiters key", held)
+	var pid int32
+	if err := watch.QueryRow(ctx, strings.Replace(held, "count(*)", "pid", 1)).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("ClaimWait: got %v, want context.Canceled", err)
+	}
+	awaitRow(t, watch, "the waiters key dropped", "SELECT count(*) FROM ("+held+") n WHERE count = 0")
+	var alive bool
+	if err := watch.QueryRow(ctx, "SELECT count(*) = 1 FROM pg_stat_activity WHERE pid = $1", pid).Scan(&alive); err != nil {
+		t.Fatal(err)
+	}
+	if !alive {
+		t.Errorf("the listening connection (pid %d) was closed, want it back in the pool", pid)
 	}
 }
