@@ -47,10 +47,10 @@ type QueueOptions struct {
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$`)
 
 // NewQueue returns a task-queue Client (package queue) on the
-// application's pool: every operation is one statement (and a NOTIFY after it when it
-// made a task due); waiting Claims are woken by LISTEN/NOTIFY on one
-// connection of the pool, held while someone waits. Closing the Client
-// does not close the pool.
+// application's pool: every operation is one statement (and a NOTIFY after
+// it when it made a task due while a Client was waiting on the table);
+// waiting Claims are woken by LISTEN/NOTIFY on one connection of the pool,
+// held while someone waits. Closing the Client does not close the pool.
 func NewQueue(pool *pgxpool.Pool, opts *QueueOptions) (*queue.Client, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool", dlock.ErrInvalid)
@@ -111,6 +111,8 @@ type taskDriver struct {
 	ddlMu sync.Mutex
 	ddlOK bool
 
+	due dueWakes // the due times of waiting Claims and Pops (tasks_due.go)
+
 	wmu      sync.Mutex
 	watchers map[string]map[chan struct{}]struct{} // by queue
 	listener *pgxpool.Conn                         // LISTENing while someone watches
@@ -165,17 +167,20 @@ func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRe
 	var (
 		changed, inserted *bool
 		old               *int16
+		waiters           bool
 	)
 	err := d.pool.QueryRow(ctx, d.enqueueSQL, qn, r.ID, r.Delay.Milliseconds(), at, payload, int(r.Mode)).
-		Scan(&changed, &inserted, &old)
+		Scan(&changed, &inserted, &old, &waiters)
 	if err != nil {
 		return 0, fmt.Errorf("postgres: enqueue on %q: %w", qn, err)
 	}
 	if changed == nil {
 		return qdriver.Kept, nil
 	}
-	if err := d.notify(ctx, qn); err != nil {
-		return 0, fmt.Errorf("postgres: enqueue on %q: the task is queued, but waking its waiters failed: %w", qn, err)
+	if waiters {
+		if err := d.notify(ctx, qn); err != nil {
+			return 0, fmt.Errorf("postgres: enqueue on %q: the task is queued, but waking its waiters failed: %w", qn, err)
+		}
 	}
 	switch {
 	case *inserted || (old != nil && *old == 2):
@@ -191,19 +196,22 @@ func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRe
 // $5 payload) or, when it is queued, leaves it ($6 Keep) or replaces ($6
 // Replace) or reschedules it; a dead task is queued afresh whatever $6
 // says.
-// It returns whether a row changed, whether it was inserted, and the task's
-// state before (from the statement's snapshot: it only names the result).
-const enqueueSQL = `WITH old AS (SELECT state FROM dlock_tasks WHERE queue = $1 AND id = $2),
+// It returns whether a row changed, whether it was inserted, the task's
+// state before (from the statement's snapshot: it only names the result),
+// and whether a Client may be waiting (see waitersTest): the insert reads
+// its row from w, so the test is done before the statement locks a row.
+const enqueueSQL = `WITH w AS MATERIALIZED (SELECT ` + waitersTest + ` AS waiters),
+	old AS (SELECT state FROM dlock_tasks WHERE queue = $1 AND id = $2),
 	up AS (INSERT INTO dlock_tasks AS t (queue, id, state, due, payload)
-		VALUES ($1, $2, 0, COALESCE('epoch'::timestamptz + $4::bigint * interval '1 millisecond',
-		        date_trunc('milliseconds', now()) + $3::bigint * interval '1 millisecond'), $5)
+		SELECT $1, $2, 0, COALESCE('epoch'::timestamptz + $4::bigint * interval '1 millisecond',
+		        date_trunc('milliseconds', now()) + $3::bigint * interval '1 millisecond'), $5 FROM w
 		ON CONFLICT (queue, id) DO UPDATE SET
 		  state = 0, token = NULL, due = excluded.due,
 		  payload = CASE WHEN $6::int = 1 OR t.state = 2 THEN excluded.payload ELSE t.payload END,
 		  attempts = CASE WHEN t.state = 2 THEN 0 ELSE t.attempts END
 		WHERE $6::int <> 0 OR t.state = 2
 		RETURNING xmax = 0 AS inserted)
-	SELECT (SELECT true FROM up), (SELECT inserted FROM up), (SELECT state FROM old)`
+	SELECT (SELECT true FROM up), (SELECT inserted FROM up), (SELECT state FROM old), (SELECT waiters FROM w)`
 
 // takeSQL runs an operation on a queue's due tasks as one statement, with
 // the recovery of expired claims before it ($1 queue, $3 maxAttempts): each
@@ -211,10 +219,12 @@ const enqueueSQL = `WITH old AS (SELECT state FROM dlock_tasks WHERE queue = $1 
 // it has had $3 deliveries. op is a CTE named op returning (id, due_ms,
 // attempts, payload, token). The statement returns op's rows, each with the
 // number of claims recovered; when op has none, one row of NULLs with the
-// time in ms until the next due task or claim expiry (NULL when there is
-// none) instead. Recovered tasks are not visible to op (one snapshot): the
-// caller runs it again when it took fewer than it asked for and some were
-// recovered.
+// time in µs from the statement's now() until the next due task or claim
+// expiry (NULL when there is none) instead: due times are to the ms, but a
+// wait rounded to the ms would wake a waiter up to half a ms early, for
+// nothing, or late. Recovered tasks are not visible to op (one snapshot):
+// the caller runs it again when it took fewer than it asked for and some
+// were recovered.
 func takeSQL(op string) string {
 	return `WITH rec AS (UPDATE dlock_tasks SET token = NULL,
 	  state = CASE WHEN $3::int > 0 AND attempts >= $3::int THEN 2 ELSE 0 END,
@@ -225,9 +235,20 @@ func takeSQL(op string) string {
 	UNION ALL
 	SELECT NULL, NULL, NULL, NULL, NULL, (extract(epoch from (LEAST(
 	  (SELECT min(due) FROM dlock_tasks WHERE queue = $1 AND state = 0),
-	  (SELECT min(due) FROM dlock_tasks WHERE queue = $1 AND state = 1)) - now())) * 1000)::bigint,
+	  (SELECT min(due) FROM dlock_tasks WHERE queue = $1 AND state = 1)) - now())) * 1000000)::bigint,
 	  (SELECT count(*) FROM rec)
 	WHERE NOT EXISTS (SELECT 1 FROM op)`
+}
+
+// untilDue turns a wait the server counted from its now() into one counted
+// from the caller's now: the server took now() when the statement reached
+// it, a moment after sent, and the statement that the wait's end starts
+// takes as long to reach it. So the wait is counted from sent, and that
+// next statement arrives as the task becomes due, not a reply's journey
+// after (a wait counted from the reply's arrival has its sender wake
+// about a round trip late). It is never negative.
+func untilDue(wait time.Duration, sent time.Time) time.Duration {
+	return max(wait-time.Since(sent), 0)
 }
 
 type row struct {
@@ -260,7 +281,7 @@ func readRows(rows pgx.Rows) ([]row, time.Duration, int64, error) {
 		}
 		if id == nil {
 			if w != nil {
-				wait = time.Duration(max(*w, 0)) * time.Millisecond
+				wait = time.Duration(max(*w, 0)) * time.Microsecond
 			}
 			continue
 		}
@@ -287,8 +308,14 @@ func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, arg
 	if err := d.ensure(ctx); err != nil {
 		return nil, 0, err
 	}
+	waits := what != "peek"
+	if waits {
+		d.due.await(qn)
+	}
 	var out []row
 	for {
+		mark := d.due.mark()
+		sent := time.Now()
 		rows, err := d.pool.Query(ctx, stmt, args...)
 		if err != nil {
 			return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
@@ -299,6 +326,12 @@ func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, arg
 		}
 		out = append(out, got...)
 		if recovered == 0 || len(got) == 0 && wait != 0 || len(got) >= args[1].(int) {
+			if wait > 0 {
+				wait = untilDue(wait, sent)
+				if waits && wait > 0 {
+					wait = d.due.report(qn, wait, mark)
+				}
+			}
 			return out, wait, nil
 		}
 		args[1] = args[1].(int) - len(got)
@@ -353,6 +386,63 @@ func (d *taskDriver) Claim(ctx context.Context, qn string, n int, vis time.Durat
 // current is the condition of a current claim: $1 queue, $2 id, $3 token.
 const current = `queue = $1 AND id = $2 AND state = 1 AND token = $3 AND due > now()`
 
+// Wake-ups go only where someone may be waiting. A NOTIFY costs its
+// sender a transaction, and PostgreSQL serialises the commits of notifying
+// transactions; so a change that makes a task due notifies only when some
+// Client is listening on the table, which the change learns from two
+// advisory locks (bigint keys, in the table's database; see doc.go's
+// Layout):
+//
+//   - waitersKey: every Client's listening connection holds it shared for
+//     as long as it listens, taken after its LISTEN has committed;
+//   - barrierKey: each change that may make a task due takes it shared as a
+//     transaction lock, first thing in its statement, held to its commit;
+//     a listening connection, once it holds waitersKey, takes it exclusive
+//     and drops it at once (a barrier) before its Client's first look at
+//     the table.
+//
+// The change tests waitersKey, after taking barrierKey, with an exclusive
+// try-lock that it drops at once (a session lock held for microseconds, so
+// that listeners are not kept out for the change's commit and two changes'
+// tests seldom meet; when they do, the loser believes someone waits and
+// sends a NOTIFY for nothing). It NOTIFYs after its commit only when the
+// test found waitersKey held. No wake-up is lost: take a listener L and a
+// change C.
+//
+//   - L took waitersKey before C's test: C finds it held and notifies after
+//     its commit, and L, listening since before it took the key, hears it;
+//     the waiters that Watch registers on L look at the table after
+//     registering, so each either sees C's task or is signalled.
+//   - L took waitersKey after C's test: C already held barrierKey, to its
+//     commit, so L's barrier waits for C's commit (or rollback), and L's
+//     Client looks at the table only after the barrier: it sees C's task.
+//
+// So a waiter registered with a listener sees every change committed before
+// its look, and is notified of every later one. A listener that goes away
+// (its connection closes, or it is stopped with nobody waiting) drops the
+// key with its session; its Client's waiters are signalled then, as before.
+// Clients of an older dlock, which LISTEN without holding waitersKey, are
+// not notified (they still wake at the next due time they know of, or
+// after queue's longest wait).
+const (
+	waitersKey = `hashtextextended('dlock_tasks', 5)`
+	barrierKey = `hashtextextended('dlock_tasks', 6)`
+	// waitersTest takes barrierKey for the transaction, then tests
+	// waitersKey: true when some session holds it (a listener, or another
+	// change testing it at that instant). CASE evaluates in order.
+	waitersTest = `CASE WHEN pg_advisory_xact_lock_shared(` + barrierKey + `) IS NULL THEN NULL
+		WHEN pg_try_advisory_lock(` + waitersKey + `) THEN NOT pg_advisory_unlock(` + waitersKey + `)
+		ELSE true END`
+	// listenSQL registers a listening connection, after its LISTEN has
+	// committed: waitersKey shared for the session, then the barrier.
+	listenSQL = `WITH f AS MATERIALIZED (SELECT pg_advisory_lock_shared(` + waitersKey + `)),
+		b AS MATERIALIZED (SELECT pg_advisory_lock(` + barrierKey + `) FROM f)
+		SELECT pg_advisory_unlock(` + barrierKey + `) FROM b`
+	// unlistenSQL undoes LISTEN and listenSQL before the connection goes
+	// back to the pool.
+	unlistenSQL = `UNLISTEN *; SELECT pg_advisory_unlock_shared(` + waitersKey + `)`
+)
+
 // notify wakes the waiters on the queue, after the change that made a task
 // due has committed. It is a transaction of its own: NOTIFY takes a lock
 // that serialises the commits of notifying transactions, and a transaction
@@ -363,9 +453,8 @@ func (d *taskDriver) notify(ctx context.Context, qn string) error {
 	return err
 }
 
-// exec runs stmt, which changes at most one row, and says whether it did;
-// with notify, the waiters on the queue ($1) are woken when it did.
-func (d *taskDriver) exec(ctx context.Context, what, qn string, notify bool, stmt string, args ...any) (bool, error) {
+// exec runs stmt, which changes at most one row, and says whether it did.
+func (d *taskDriver) exec(ctx context.Context, what, qn string, stmt string, args ...any) (bool, error) {
 	if err := d.ensure(ctx); err != nil {
 		return false, err
 	}
@@ -373,38 +462,58 @@ func (d *taskDriver) exec(ctx context.Context, what, qn string, notify bool, stm
 	if err != nil {
 		return false, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
 	}
-	changed := tag.RowsAffected() == 1
-	if changed && notify {
+	return tag.RowsAffected() == 1, nil
+}
+
+// execDue runs update, an UPDATE of at most one row that makes a task due,
+// with waitersTest before it, and wakes the queue's ($1) waiters when it
+// changed the row and someone may be waiting. update ends with its WHERE
+// clause: the test is added to it, so that it runs before a row is locked.
+func (d *taskDriver) execDue(ctx context.Context, what, qn string, update string, args ...any) (bool, error) {
+	if err := d.ensure(ctx); err != nil {
+		return false, err
+	}
+	var (
+		changed int64
+		waiters bool
+	)
+	err := d.pool.QueryRow(ctx, d.q(`WITH w AS MATERIALIZED (SELECT `+waitersTest+` AS waiters),
+		u AS (`+update+` AND (SELECT true FROM w) RETURNING 1)
+		SELECT (SELECT count(*) FROM u), (SELECT waiters FROM w)`), args...).Scan(&changed, &waiters)
+	if err != nil {
+		return false, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
+	}
+	if changed == 1 && waiters {
 		if err := d.notify(ctx, qn); err != nil {
 			return true, fmt.Errorf("postgres: %s on %q: done, but waking the queue's waiters failed: %w", what, qn, err)
 		}
 	}
-	return changed, nil
+	return changed == 1, nil
 }
 
 func (d *taskDriver) Ack(ctx context.Context, qn, id, token string) (bool, error) {
-	return d.exec(ctx, "ack", qn, false, `DELETE FROM dlock_tasks WHERE `+current, qn, id, token)
+	return d.exec(ctx, "ack", qn, `DELETE FROM dlock_tasks WHERE `+current, qn, id, token)
 }
 
 func (d *taskDriver) Extend(ctx context.Context, qn, id, token string, ext time.Duration) (bool, error) {
-	return d.exec(ctx, "extend", qn, false, `UPDATE dlock_tasks SET due = `+dueExpr+` + $4::bigint * interval '1 millisecond' WHERE `+current,
+	return d.exec(ctx, "extend", qn, `UPDATE dlock_tasks SET due = `+dueExpr+` + $4::bigint * interval '1 millisecond' WHERE `+current,
 		qn, id, token, ext.Milliseconds())
 }
 
 func (d *taskDriver) Nack(ctx context.Context, qn, id, token string, delay time.Duration, max int) (bool, error) {
-	return d.exec(ctx, "nack", qn, true, `UPDATE dlock_tasks SET token = NULL,
+	return d.execDue(ctx, "nack", qn, `UPDATE dlock_tasks SET token = NULL,
 		state = CASE WHEN $5::int > 0 AND attempts >= $5::int THEN 2 ELSE 0 END,
 		due = `+dueExpr+` + CASE WHEN $5::int > 0 AND attempts >= $5::int THEN interval '0' ELSE $4::bigint * interval '1 millisecond' END
 		WHERE `+current, qn, id, token, delay.Milliseconds(), max)
 }
 
 func (d *taskDriver) Delete(ctx context.Context, qn, id string, due time.Time) (bool, error) {
-	return d.exec(ctx, "delete", qn, false, `DELETE FROM dlock_tasks WHERE queue = $1 AND id = $2 AND state = 0
+	return d.exec(ctx, "delete", qn, `DELETE FROM dlock_tasks WHERE queue = $1 AND id = $2 AND state = 0
 		AND due = 'epoch'::timestamptz + $3::bigint * interval '1 millisecond'`, qn, id, due.UnixMilli())
 }
 
 func (d *taskDriver) Requeue(ctx context.Context, qn, id string, delay time.Duration) (bool, error) {
-	return d.exec(ctx, "requeue", qn, true, `UPDATE dlock_tasks SET state = 0, attempts = 0, token = NULL,
+	return d.execDue(ctx, "requeue", qn, `UPDATE dlock_tasks SET state = 0, attempts = 0, token = NULL,
 		due = `+dueExpr+` + $3::bigint * interval '1 millisecond' WHERE queue = $1 AND id = $2 AND state = 2`, qn, id, delay.Milliseconds())
 }
 
@@ -443,9 +552,10 @@ func (d *taskDriver) Dead(ctx context.Context, qn string, n int) ([]qdriver.Task
 
 // Watch registers a waiter for the queue's wake-ups: the Client's listening
 // connection (one, taken from the pool while anyone waits) LISTENs on the
-// channel, and a notification with the queue's name signals every waiter
-// of that queue. A listening connection that fails wakes every waiter (a
-// notification may have been missed) and is replaced at the next Watch.
+// channel and then registers with listenSQL (see waitersKey), and a
+// notification with the queue's name signals every waiter of that queue.
+// A listening connection that fails wakes every waiter (a notification may
+// have been missed) and is replaced at the next Watch.
 func (d *taskDriver) Watch(ctx context.Context, qn string) (<-chan struct{}, func(), error) {
 	c := make(chan struct{}, 1)
 	d.wmu.Lock()
@@ -461,6 +571,15 @@ func (d *taskDriver) Watch(ctx context.Context, qn string) (<-chan struct{}, fun
 		if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 			conn.Release()
 			return nil, nil, fmt.Errorf("postgres: LISTEN: %w", err)
+		}
+		// LISTEN has committed (a statement of its own): now the key
+		// that says so, and the barrier.
+		if _, err := conn.Exec(ctx, d.q(listenSQL)); err != nil {
+			// The session may hold waitersKey: it goes with the
+			// connection, not back to the pool.
+			_ = conn.Conn().Close(context.Background())
+			conn.Release()
+			return nil, nil, fmt.Errorf("postgres: registering the listening connection: %w", err)
 		}
 		lctx, cancel := context.WithCancel(context.Background())
 		d.listener, d.stopL = conn, cancel
@@ -515,6 +634,7 @@ func (d *taskDriver) listen(ctx context.Context, conn *pgxpool.Conn) {
 			if d.listener == conn {
 				d.listener, d.stopL = nil, nil
 			}
+			d.due.signalled()
 			for _, ws := range d.watchers {
 				for c := range ws {
 					signal(c)
@@ -522,9 +642,10 @@ func (d *taskDriver) listen(ctx context.Context, conn *pgxpool.Conn) {
 			}
 			d.wmu.Unlock()
 			if ctx.Err() != nil {
-				// Stopped: UNLISTEN before the connection goes back.
+				// Stopped: UNLISTEN and drop waitersKey before the
+				// connection goes back.
 				uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_, uerr := conn.Exec(uctx, "UNLISTEN *")
+				_, uerr := conn.Exec(uctx, d.q(unlistenSQL))
 				cancel()
 				if uerr == nil {
 					conn.Release()
@@ -536,6 +657,9 @@ func (d *taskDriver) listen(ctx context.Context, conn *pgxpool.Conn) {
 			return
 		}
 		d.wmu.Lock()
+		if len(d.watchers[n.Payload]) > 0 {
+			d.due.signalled() // before the waiters can look
+		}
 		for c := range d.watchers[n.Payload] {
 			signal(c)
 		}
