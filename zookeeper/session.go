@@ -50,6 +50,10 @@ type session struct {
 		sid     int64
 		timeout int32
 	}
+	// epoch counts the connections the owned session has had (each
+	// StateHasSession): a watch lives on the server connection that set
+	// it, until go-zookeeper sets it again on the next (see batch.go).
+	epoch      uint64
 	refs       int // acquisitions, leases, cleanups and sweeps using the session
 	idle       *time.Timer
 	closing    bool
@@ -170,6 +174,7 @@ func (s *session) onEvent(ev zk.Event) {
 	switch ev.State {
 	case zk.StateHasSession:
 		s.mu.Lock()
+		s.epoch++
 		hs := s.handshake
 		s.timeout = time.Duration(hs.timeout) * time.Millisecond
 		resumed := s.gen != nil && s.gen.sid == hs.sid
@@ -243,6 +248,14 @@ func (s *session) live() *generation {
 	s.mu.Unlock()
 	s.end(ended)
 	return g
+}
+
+// connEpoch returns the live generation (nil: none) and the connection
+// epoch of an owned session.
+func (s *session) connEpoch() (*generation, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen, s.epoch
 }
 
 // isLive reports whether g is still the live generation.

@@ -1,0 +1,188 @@
+package zookeeper_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/zookeeper"
+	"github.com/go-zookeeper/zk"
+)
+
+// existsCounter counts the exists requests a Locker's sockets carry: probes
+// (of "/"), with a watch (a batched refresh setting a lease's watch), and
+// without (Refresh's one per lease).
+type existsCounter struct {
+	probes, watched, plain atomic.Int64
+}
+
+const opExists = 3
+
+func (ec *existsCounter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: c, ec: ec}, nil
+}
+
+// countingConn parses the frames go-zookeeper writes, one per Write: the
+// connect request first, then requests (length, xid, opcode, body).
+type countingConn struct {
+	net.Conn
+	ec        *existsCounter
+	handshake bool
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	if !c.handshake {
+		c.handshake = true
+	} else if len(p) >= 16 && int32(binary.BigEndian.Uint32(p[8:12])) == opExists {
+		n := int(binary.BigEndian.Uint32(p[12:16]))
+		if len(p) >= 16+n+1 {
+			switch {
+			case string(p[16:16+n]) == "/":
+				c.ec.probes.Add(1)
+			case p[16+n] != 0:
+				c.ec.watched.Add(1)
+			default:
+				c.ec.plain.Add(1)
+			}
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// holdMany acquires n names with l and returns the leases and their lock
+// nodes' paths.
+func holdMany(t *testing.T, ctx context.Context, l *dlock.Locker, raw *zk.Conn, n int) ([]*dlock.Lease, []string) {
+	t.Helper()
+	prefix := "batch-" + randomHex(4) + "-"
+	leases := make([]*dlock.Lease, n)
+	paths := make([]string, n)
+	for i := range leases {
+		var err error
+		if leases[i], err = l.Acquire(ctx, fmt.Sprintf("%s%d", prefix, i), nil); err != nil {
+			t.Fatal(err)
+		}
+		parent := zookeeper.LockPath("", leases[i].Name())
+		children, _, err := raw.Children(parent)
+		if err != nil || len(children) != 1 {
+			t.Fatalf("children of %s: %v (%v), want one", parent, children, err)
+		}
+		paths[i] = parent + "/" + children[0]
+	}
+	return leases, paths
+}
+
+// lostBy waits for ls to be lost, and checks that no refresh sent after
+// deleted (when its node was deleted) extended it: its ValidUntil is at
+// most a TTL after that.
+func lostBy(t *testing.T, ls *dlock.Lease, deleted time.Time, within time.Duration) {
+	t.Helper()
+	select {
+	case <-ls.Done():
+	case <-time.After(within):
+		t.Fatalf("the lease whose node was deleted was not lost within %v", within)
+	}
+	if !errors.Is(ls.Err(), dlock.ErrLost) {
+		t.Fatalf("its Err = %v, want ErrLost", ls.Err())
+	}
+	if v, limit := ls.ValidUntil(), deleted.Add(ls.TTL()); v.After(limit) {
+		t.Fatalf("its ValidUntil %v after the node was deleted, beyond a TTL (%v) after that: a refresh missed the deletion",
+			v.Sub(deleted), ls.TTL())
+	}
+}
+
+// waitCount waits until c reaches at least want.
+func waitCount(t *testing.T, c *atomic.Int64, want int64, what string) {
+	t.Helper()
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d %s (%d so far)", want, what, c.Load()), func() bool { return c.Load() >= want })
+}
+
+// The watchdog refreshes a Locker's leases with one probe per batch once
+// each lease's node carries a watch (set by one exists request per lease),
+// not an exists request per lease per refresh; a node deleted behind its
+// lease's back loses that lease alone, without a refresh extending it past
+// the deletion.
+func TestBatchedRefreshProbes(t *testing.T) {
+	srv := zkServer(t)
+	ec := &existsCounter{}
+	o := withTTL(time.Second)
+	o.Dialer = ec.dial
+	l := connect(t, srv.Addr(), o)
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 200
+	leases, paths := holdMany(t, ctx, l, raw, n)
+	waitCount(t, &ec.watched, n, "watches set")
+	p0, w0, e0 := ec.probes.Load(), ec.watched.Load(), ec.plain.Load()
+	waitCount(t, &ec.probes, p0+9, "probes") // three refresh intervals at least
+	p, w, e := ec.probes.Load()-p0, ec.watched.Load()-w0, ec.plain.Load()-e0
+	t.Logf("refreshes of %d leases: %d probes, %d exists with a watch, %d without", n, p, w, e)
+	if w+e > n/10 {
+		t.Errorf("%d exists requests with a watch and %d without during %d probes of %d leases: want the leases covered by the probes", w, e, p, n)
+	}
+
+	if err := raw.Delete(paths[7], -1); err != nil {
+		t.Fatal(err)
+	}
+	lostBy(t, leases[7], time.Now(), 10*time.Second)
+	waitCount(t, &ec.probes, ec.probes.Load()+6, "probes after the loss")
+	for i, ls := range leases {
+		if i == 7 {
+			continue
+		}
+		if ls.Err() != nil {
+			t.Fatalf("lease %d ended: %v", i, ls.Err())
+		}
+		release(t, ls)
+	}
+}
+
+// After a reconnection, a watch set on the earlier connection counts for
+// nothing until set again (the server may answer a probe before
+// go-zookeeper's request setting the watches again): a node deleted while
+// the Locker was cut off loses its lease, without a refresh extending it
+// past the deletion, and the other leases are kept, their watches set
+// again.
+func TestBatchedRefreshReconnect(t *testing.T) {
+	srv, ctx, p := orphanSetup(t)
+	ec := &existsCounter{}
+	o := withTTL(2 * time.Second)
+	o.Dialer = ec.dial
+	l := connect(t, p.Addr(), o)
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	const n = 50
+	leases, paths := holdMany(t, ctx, l, raw, n)
+	waitCount(t, &ec.watched, n, "watches set")
+	waitCount(t, &ec.probes, ec.probes.Load()+3, "probes")
+	w0 := ec.watched.Load()
+
+	p.Blackhole()
+	if err := raw.Delete(paths[7], -1); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	p.Reset()
+	p.Heal()
+	lostBy(t, leases[7], deleted, 10*time.Second)
+	waitCount(t, &ec.watched, w0+n-1, "watches set again")
+	waitCount(t, &ec.probes, ec.probes.Load()+6, "probes after the reconnection")
+	for i, ls := range leases {
+		if i == 7 {
+			continue
+		}
+		if ls.Err() != nil {
+			t.Fatalf("lease %d ended: %v", i, ls.Err())
+		}
+		release(t, ls)
+	}
+}
