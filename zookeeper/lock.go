@@ -100,6 +100,12 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool
 // deleted in the background.
 func (d *driver) create(ctx context.Context, s *session, c *claim, data []byte) (node, error) {
 	prefix := c.prefix
+	if !d.knownParent(c.parent) {
+		// Most likely a new name: create its node first rather than learn
+		// that it is missing from a failed create. Whatever fails here, the
+		// create says again.
+		_ = d.makeParent(ctx, s, c.parent)
+	}
 	for tries := 0; ; tries++ {
 		g := s.live()
 		if g == nil {
@@ -135,9 +141,11 @@ func (d *driver) create(ctx context.Context, s *session, c *claim, data []byte) 
 			if n.gen == nil {
 				return node{}, errNoSession
 			}
+			d.knowParent(c.parent, true)
 			d.adopt(c, n, true)
 			return n, nil
 		case errors.Is(err, zk.ErrNoNode) && tries < 4:
+			d.knowParent(c.parent, false)
 			if err := d.makeParent(ctx, s, c.parent); err != nil {
 				return node{}, err
 			}
@@ -221,6 +229,7 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 			return err
 		}, nil)
 		if err == nil || errors.Is(err, zk.ErrNodeExists) {
+			d.knowParent(parent, true)
 			return nil
 		}
 		if !errors.Is(err, zk.ErrNoNode) || tries > 0 {
@@ -243,6 +252,39 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 			}
 		}
 	}
+}
+
+// maxKnownParents bounds the names whose node the driver remembers as
+// existing (see knownParent).
+const maxKnownParents = 1 << 16
+
+// knownParent reports whether the driver saw the node of the name at
+// parent lately: then a create goes straight to it, otherwise the node is
+// created first. Either way a node found missing is created (the server
+// deletes an empty container node), so this only saves round trips: one
+// per acquisition of a name seen before, one per new name.
+func (d *driver) knownParent(parent string) bool {
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	_, ok := d.parents[parent]
+	return ok
+}
+
+// knowParent records whether the node at parent exists.
+func (d *driver) knowParent(parent string, exists bool) {
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	if !exists {
+		delete(d.parents, parent)
+		return
+	}
+	if _, ok := d.parents[parent]; ok {
+		return
+	}
+	if len(d.parents) >= maxKnownParents {
+		clear(d.parents) // forget them all: the next acquisitions learn again
+	}
+	d.parents[parent] = struct{}{}
 }
 
 // queue waits until n, c's node, is granted (or, without wait, finds out

@@ -346,6 +346,7 @@ func (s *session) close() {
 	}
 	s.mu.Unlock()
 	if s.conn != nil {
+		s.drainCalls()
 		s.conn.Close() // waits up to 1s for the server's answer
 		s.cancel()
 		s.socks.closeAll()
@@ -369,6 +370,34 @@ func (s *session) close() {
 	ended := s.observe(0)
 	s.mu.Unlock()
 	s.end(ended)
+}
+
+// drainTimeout bounds how long close waits for the calls in flight.
+const drainTimeout = time.Second
+
+// drainCalls waits, up to drainTimeout, for the calls in flight (none
+// starts once closing is set) to have their replies. go-zookeeper's Close
+// makes them return at once, while its reader may still decode their
+// replies into the structures they return (a data race in go-zookeeper):
+// a call abandoned by its ctx, such as an acquisition's first create, may
+// be in flight when the Locker closes.
+func (s *session) drainCalls() {
+	select {
+	case <-s.ready:
+	default:
+		return // no call yet; setup, counted in calls too, ends with close
+	}
+	done := make(chan struct{})
+	go func() {
+		s.calls.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(drainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // do runs f, one call on the connection, bounded by ctx: when ctx ends first
