@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,9 +21,13 @@ import (
 // without (Refresh's one per lease).
 type existsCounter struct {
 	probes, watched, plain atomic.Int64
+	deletes, multis        atomic.Int64
 }
 
-const opExists = 3
+const (
+	opExists = 3
+	opMulti  = 14
+)
 
 func (ec *existsCounter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
 	c, err := net.DialTimeout(network, addr, timeout)
@@ -41,9 +46,19 @@ type countingConn struct {
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {
+	op := int32(-1)
+	if c.handshake && len(p) >= 12 {
+		op = int32(binary.BigEndian.Uint32(p[8:12]))
+	}
+	switch op {
+	case opDelete:
+		c.ec.deletes.Add(1)
+	case opMulti:
+		c.ec.multis.Add(1)
+	}
 	if !c.handshake {
 		c.handshake = true
-	} else if len(p) >= 16 && int32(binary.BigEndian.Uint32(p[8:12])) == opExists {
+	} else if len(p) >= 16 && op == opExists {
 		n := int(binary.BigEndian.Uint32(p[12:16]))
 		if len(p) >= 16+n+1 {
 			switch {
@@ -184,5 +199,52 @@ func TestBatchedRefreshReconnect(t *testing.T) {
 			t.Fatalf("lease %d ended: %v", i, ls.Err())
 		}
 		release(t, ls)
+	}
+}
+
+// Concurrent releases go to the server together, as multi-ops of deletes,
+// and each still has its own outcome: a release whose node was deleted
+// behind its back reports the loss, the others in its request release.
+func TestReleasesGrouped(t *testing.T) {
+	srv := zkServer(t)
+	ec := &existsCounter{}
+	o := withTTL(10 * time.Second)
+	o.Dialer = ec.dial
+	o.Defaults.NoRefresh = true // no refresh to find the deleted nodes first
+	l := connect(t, srv.Addr(), o)
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 300
+	leases, paths := holdMany(t, ctx, l, raw, n)
+	gone := map[int]bool{}
+	for i := 5; i < n; i += 30 {
+		if err := raw.Delete(paths[i], -1); err != nil {
+			t.Fatal(err)
+		}
+		gone[i] = true
+	}
+	d0, m0 := ec.deletes.Load(), ec.multis.Load()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, ls := range leases {
+		wg.Go(func() { errs[i] = ls.Release(ctx) })
+	}
+	wg.Wait()
+	d, m := ec.deletes.Load()-d0, ec.multis.Load()-m0
+	t.Logf("%d releases: %d delete requests, %d multi-ops", n, d, m)
+	for i, err := range errs {
+		switch {
+		case gone[i] && !errors.Is(err, dlock.ErrLost):
+			t.Errorf("release %d, its node deleted behind its back: %v, want ErrLost", i, err)
+		case !gone[i] && err != nil:
+			t.Errorf("release %d: %v", i, err)
+		}
+		if ok, _, err := raw.Exists(paths[i]); ok || err != nil {
+			t.Errorf("node %s still there after its release (%v)", paths[i], err)
+		}
+	}
+	if m == 0 || d+m >= n {
+		t.Errorf("%d releases in %d deletes and %d multi-ops: want them grouped", n, d, m)
 	}
 }

@@ -833,7 +833,7 @@ func (h *handle) Release(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("zookeeper: releasing %s: %w", h.path, err)
 	}
-	err = s.do(ctx, func() error { return s.conn.Delete(h.path, version) }, func(err error) { _ = h.released(err) })
+	err = s.do(ctx, func() error { return s.deleteNode(h.path, version) }, func(err error) { _ = h.released(err) })
 	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 		return fmt.Errorf("zookeeper: releasing %s: %w", h.path, err)
 	}
@@ -889,7 +889,7 @@ func (h *handle) deleteOnClose(ctx context.Context) {
 	}
 	version, err := h.deleteVersion(ctx)
 	if err == nil {
-		err = s.do(ctx, func() error { return s.conn.Delete(h.path, version) }, nil)
+		err = s.do(ctx, func() error { return s.deleteNode(h.path, version) }, nil)
 	}
 	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		h.finish(released)

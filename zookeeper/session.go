@@ -60,6 +60,8 @@ type session struct {
 	sweeping   bool           // owned: a sweep runs (see resumed)
 	sweepAgain bool           // owned: and another must follow it
 	calls      sync.WaitGroup // goroutines running a call on conn
+	deletes    []*deleteOp    // queued for the next delete request (see deleteNode)
+	deleting   int            // flushDeletes running
 }
 
 // generation is one server-side session.
@@ -615,5 +617,103 @@ func (ss *socketSet) closeAll() {
 	ss.mu.Unlock()
 	for c := range open {
 		_ = c.(*sniffConn).Conn.Close()
+	}
+}
+
+// maxDeleteFlights bounds the delete requests in flight at once.
+const maxDeleteFlights = 4
+
+// maxDeleteBatch bounds the deletes sent in one multi-op.
+const maxDeleteBatch = 128
+
+// deleteOp is one delete waiting in a session's delete queue.
+type deleteOp struct {
+	path    string
+	version int32
+	err     error
+	done    chan struct{}
+}
+
+// deleteNode deletes the node at path with version, as conn.Delete does,
+// but deletes asked for while one is in flight on the session go together
+// in one multi-op, the next ones in the next (group commit): a ZooKeeper
+// request costs the server far more than a delete in it, so thousands of
+// concurrent releases take a few hundred requests. A delete alone goes as
+// a plain delete, at once. A multi-op that fails as a whole because one of
+// its deletes did (the node gone, or at another version) is sent again as
+// one delete each, so that each has its own outcome.
+func (s *session) deleteNode(path string, version int32) error {
+	op := &deleteOp{path: path, version: version, done: make(chan struct{})}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return zk.ErrClosing
+	}
+	s.deletes = append(s.deletes, op)
+	if s.deleting < maxDeleteFlights {
+		s.deleting++
+		s.calls.Add(1)
+		go s.flushDeletes()
+	}
+	s.mu.Unlock()
+	<-op.done
+	return op.err
+}
+
+// flushDeletes sends the queued deletes until none is left.
+func (s *session) flushDeletes() {
+	defer s.calls.Done()
+	for {
+		s.mu.Lock()
+		batch := s.deletes[:min(len(s.deletes), maxDeleteBatch)]
+		s.deletes = s.deletes[len(batch):]
+		if len(batch) == 0 {
+			s.deletes = nil
+			s.deleting--
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		s.deleteAll(batch)
+	}
+}
+
+// deleteAll deletes batch's nodes and closes their done channels.
+func (s *session) deleteAll(batch []*deleteOp) {
+	defer func() {
+		for _, op := range batch {
+			close(op.done)
+		}
+	}()
+	for left := batch; len(left) > 0; {
+		if len(left) == 1 {
+			left[0].err = s.conn.Delete(left[0].path, left[0].version)
+			return
+		}
+		ops := make([]any, len(left))
+		for i, op := range left {
+			ops[i] = &zk.DeleteRequest{Path: op.path, Version: op.version}
+		}
+		res, err := s.conn.Multi(ops...)
+		failed := -1 // the op that failed the multi-op: the first with an error
+		for i, r := range res {
+			if r.Error != nil {
+				failed = i
+				break
+			}
+		}
+		switch {
+		case err == nil && failed < 0, err != nil && failed < 0:
+			// Done, or in doubt, or not sent: for each alike.
+			for _, op := range left {
+				op.err = err
+			}
+			return
+		case err == nil:
+			err = res[failed].Error // not seen: the reply carries its first op's error
+		}
+		// The others were rolled back: they go again without it.
+		left[failed].err = err
+		left = append(left[:failed:failed], left[failed+1:]...)
 	}
 }
