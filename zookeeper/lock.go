@@ -113,7 +113,7 @@ func (d *driver) create(ctx context.Context, s *session, c *claim, data []byte) 
 		}
 		var res []zk.MultiResponse
 		err := s.do(ctx, func() (err error) {
-			res, err = s.conn.Multi(
+			res, err = s.multi(
 				&zk.CreateRequest{Path: prefix, Data: data, Acl: d.acl, Flags: zk.FlagEphemeralSequential},
 				&zk.SetDataRequest{Path: c.parent, Version: -1},
 			)
