@@ -248,3 +248,62 @@ func TestReleasesGrouped(t *testing.T) {
 		t.Errorf("%d releases in %d deletes and %d multi-ops: want them grouped", n, d, m)
 	}
 }
+
+// Concurrent acquisitions share multi-ops, and each keeps its own outcome:
+// names whose node the Locker saw before but the server has deleted since
+// (an empty container) fail their creates in the shared request with
+// NoNode, are taken out of it and create the node again, and every one is
+// granted with exactly one lock node, the others in the request unharmed.
+func TestAcquisitionsGrouped(t *testing.T) {
+	srv := zkServer(t)
+	ec := &existsCounter{}
+	o := withTTL(2 * time.Second)
+	o.Dialer = ec.dial
+	l := connect(t, srv.Addr(), o)
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 100
+	prefix := "grouped-" + randomHex(4) + "-"
+	name := func(i int) string { return fmt.Sprintf("%s%d", prefix, i) }
+	for i := range n {
+		ls, err := l.TryAcquire(ctx, name(i), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		release(t, ls)
+	}
+	// The server deletes the empty name nodes (every 100ms here).
+	waitFor(t, 30*time.Second, "name nodes deleted", func() bool {
+		for i := range n {
+			if ok, _, err := raw.Exists(zookeeper.LockPath("", name(i))); ok || err != nil {
+				return false
+			}
+		}
+		return true
+	})
+	m0 := ec.multis.Load()
+	leases := make([]*dlock.Lease, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { leases[i], errs[i] = l.Acquire(ctx, name(i), nil) })
+	}
+	wg.Wait()
+	t.Logf("%d acquisitions of names whose node was gone: %d multi-ops", n, ec.multis.Load()-m0)
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("acquisition %d: %v", i, errs[i])
+		}
+		children, _, err := raw.Children(zookeeper.LockPath("", name(i)))
+		if err != nil || len(children) != 1 {
+			t.Fatalf("%s: children %v (%v), want one lock node", name(i), children, err)
+		}
+	}
+	if m := ec.multis.Load() - m0; m >= 2*n {
+		t.Errorf("%d multi-ops for %d acquisitions: want them grouped", m, n)
+	}
+	for _, ls := range leases {
+		release(t, ls)
+	}
+}
