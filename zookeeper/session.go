@@ -53,8 +53,12 @@ type session struct {
 	// epoch counts the connections the owned session has had (each
 	// StateHasSession): a watch lives on the server connection that set
 	// it, until go-zookeeper sets it again on the next (see batch.go).
-	epoch      uint64
-	refs       int // acquisitions, leases, cleanups and sweeps using the session
+	epoch uint64
+	// unsettled, when not nil, is closed once go-zookeeper has sent the
+	// watches again after a reconnection (see settle); do waits for it.
+	unsettled  chan struct{}
+	sentinel   *generation // the generation whose sentinel watch is set (see setSentinel)
+	refs       int         // acquisitions, leases, cleanups and sweeps using the session
 	idle       *time.Timer
 	closing    bool
 	sweeping   bool           // owned: a sweep runs (see resumed)
@@ -174,6 +178,12 @@ func (s *session) onEvent(ev zk.Event) {
 		return
 	}
 	switch ev.State {
+	case zk.StateDisconnected:
+		s.mu.Lock()
+		if s.unsettled == nil && !s.closing {
+			s.unsettled = make(chan struct{})
+		}
+		s.mu.Unlock()
 	case zk.StateHasSession:
 		s.mu.Lock()
 		s.epoch++
@@ -181,10 +191,18 @@ func (s *session) onEvent(ev zk.Event) {
 		s.timeout = time.Duration(hs.timeout) * time.Millisecond
 		resumed := s.gen != nil && s.gen.sid == hs.sid
 		ended := s.observe(hs.sid)
+		if !resumed || s.sentinel != s.gen {
+			// No watch to set again (a new session has none), or perhaps
+			// none: go-zookeeper sends no SetWatches to wait for.
+			s.settle()
+		}
+		g := s.gen
 		s.mu.Unlock()
 		s.end(ended)
 		if resumed {
 			s.resumed()
+		} else {
+			s.setSentinel(g)
 		}
 	case zk.StateExpired:
 		s.mu.Lock()
@@ -343,6 +361,7 @@ func (s *session) close() {
 		return
 	}
 	s.closing = true
+	s.settle()
 	if s.idle != nil {
 		s.idle.Stop()
 	}
@@ -402,6 +421,58 @@ func (s *session) drainCalls() {
 	}
 }
 
+// go-zookeeper reads the last zxid it saw when it sets its watches again
+// after a reconnection, while its reader may be writing it for a reply
+// that came meanwhile: a data race in go-zookeeper, which the race detector
+// reports once leases keep watches (batch.go). An owned session therefore
+// sends no call of its own from a disconnection until that is over: until
+// go-zookeeper has written its SetWatches request on the new connection
+// (seen by sniffConn), or at once for a new session (go-zookeeper then has
+// no watch to set again). So that a resumed session always has one, each
+// generation sets a sentinel watch, on a node never created.
+
+// sentinelNode is the node of the sentinel watch, under the root.
+const sentinelNode = "%sentinel"
+
+// opSetWatches is ZooKeeper's opcode of go-zookeeper's SetWatches request.
+const opSetWatches = 101
+
+// settle lets the calls waiting since a disconnection go; s.mu held.
+func (s *session) settle() {
+	if s.unsettled != nil {
+		close(s.unsettled)
+		s.unsettled = nil
+	}
+}
+
+// setSentinel sets the sentinel watch of generation g, in the background.
+func (s *session) setSentinel(g *generation) {
+	if !s.owned || g == nil {
+		return
+	}
+	d := s.d
+	d.goBG(func() {
+		var b backoff
+		for s.isLive(g) {
+			err := s.do(d.ctx, func() error {
+				_, _, _, err := s.conn.ExistsW(d.root + "/" + sentinelNode)
+				return err
+			}, nil)
+			if err == nil {
+				s.mu.Lock()
+				if s.gen == g {
+					s.sentinel = g
+				}
+				s.mu.Unlock()
+				return
+			}
+			if !transient(err) || !b.sleep(d.ctx, g.gone) {
+				return
+			}
+		}
+	})
+}
+
 // do runs f, one call on the connection, bounded by ctx: when ctx ends first
 // do returns ctx's error, and f's own result goes to late (if not nil) when
 // it comes. go-zookeeper's calls take no context; each ends when the server
@@ -411,6 +482,17 @@ func (s *session) do(ctx context.Context, f func() error, late func(error)) erro
 		return err
 	}
 	s.mu.Lock()
+	for s.unsettled != nil && !s.closing {
+		wait := s.unsettled
+		s.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.dialCtx.Done():
+		}
+		s.mu.Lock()
+	}
 	if s.closing {
 		s.mu.Unlock()
 		return zk.ErrClosing
@@ -554,9 +636,10 @@ func (p *hostProvider) Connected() {
 // connect answered with "session expired" as a failed one.
 type sniffConn struct {
 	net.Conn
-	s   *session
-	hdr [20]byte
-	n   int
+	s     *session
+	hdr   [20]byte
+	n     int
+	wrote bool // a frame was written (Write runs in one goroutine at a time)
 }
 
 func (c *sniffConn) Read(p []byte) (int, error) {
@@ -572,6 +655,21 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 			// next connection (for a new session) need not wait.
 			c.s.hosts.Connected()
 		}
+	}
+	return n, err
+}
+
+// Write sends a frame of go-zookeeper's (one per call: the connect
+// request, then length, xid, opcode, body); once its SetWatches request is
+// written, the session's calls may go (see settle).
+func (c *sniffConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	first := !c.wrote // the connect request: no opcode
+	c.wrote = true
+	if err == nil && !first && len(p) >= 12 && int32(binary.BigEndian.Uint32(p[8:12])) == opSetWatches {
+		c.s.mu.Lock()
+		c.s.settle()
+		c.s.mu.Unlock()
 	}
 	return n, err
 }
