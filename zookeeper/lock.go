@@ -23,6 +23,10 @@ type node struct {
 	child string // its name under the parent
 	czxid int64  // the zxid that created it: the fencing token
 	gen   *generation
+	// alone: the create left it the parent's only child (the parent's
+	// stat after the multi-op that created it says so), so that it is
+	// granted, whatever its kind, without a listing.
+	alone bool
 }
 
 // TryAcquire enqueues a node, and takes the lock if it is first; otherwise it
@@ -47,7 +51,17 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool
 	var b backoff
 	for requeued := 0; ; {
 		var n node
+		sent := time.Now()
 		n, err = d.create(ctx, s, c, []byte(req.Metadata))
+		if err == nil && n.alone && s.isLive(n.gen) {
+			// First in the queue, with nothing before or after it: granted
+			// as of the create (see queue for when the validity counts
+			// from the call instead).
+			if time.Since(called) <= req.TTL*3/4 {
+				sent = time.Time{}
+			}
+			return d.grant(s, c, n, req, sent, false), nil
+		}
 		if err == nil {
 			var g *dlockdriver.Grant
 			g, err = d.queue(ctx, s, c, n, req, wait, called)
@@ -75,7 +89,8 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool
 // the root) when missing, and makes it c's tracked node. The node is
 // created in a multi-op with an empty setData on the parent, whose reply
 // carries the transaction's zxid: the node's czxid, without another round
-// trip.
+// trip; its numChildren says whether the node is the only one under the
+// parent (node.alone).
 //
 // When the outcome is lost, the node is looked for by its GUID (see find).
 // A create sent for one generation may run in the next: go-zookeeper keeps
@@ -85,6 +100,12 @@ func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, wait bool
 // deleted in the background.
 func (d *driver) create(ctx context.Context, s *session, c *claim, data []byte) (node, error) {
 	prefix := c.prefix
+	if !d.knownParent(c.parent) {
+		// Most likely a new name: create its node first rather than learn
+		// that it is missing from a failed create. Whatever fails here, the
+		// create says again.
+		_ = d.makeParent(ctx, s, c.parent)
+	}
 	for tries := 0; ; tries++ {
 		g := s.live()
 		if g == nil {
@@ -92,7 +113,7 @@ func (d *driver) create(ctx context.Context, s *session, c *claim, data []byte) 
 		}
 		var res []zk.MultiResponse
 		err := s.do(ctx, func() (err error) {
-			res, err = s.conn.Multi(
+			res, err = s.multi(
 				&zk.CreateRequest{Path: prefix, Data: data, Acl: d.acl, Flags: zk.FlagEphemeralSequential},
 				&zk.SetDataRequest{Path: c.parent, Version: -1},
 			)
@@ -112,12 +133,19 @@ func (d *driver) create(ctx context.Context, s *session, c *claim, data []byte) 
 			// The node is in the generation live now (the reply came on its
 			// connection), or gone with it if none is.
 			n := node{path: res[0].String, child: path.Base(res[0].String), czxid: res[1].Stat.Mzxid, gen: s.live()}
+			// A node alone under its parent after a create without a doubt
+			// (no stray of the GUID can be there) is first.
+			d.cmu.Lock()
+			n.alone = res[1].Stat.NumChildren == 1 && !c.doubt
+			d.cmu.Unlock()
 			if n.gen == nil {
 				return node{}, errNoSession
 			}
+			d.knowParent(c.parent, true)
 			d.adopt(c, n, true)
 			return n, nil
 		case errors.Is(err, zk.ErrNoNode) && tries < 4:
+			d.knowParent(c.parent, false)
 			if err := d.makeParent(ctx, s, c.parent); err != nil {
 				return node{}, err
 			}
@@ -201,6 +229,7 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 			return err
 		}, nil)
 		if err == nil || errors.Is(err, zk.ErrNodeExists) {
+			d.knowParent(parent, true)
 			return nil
 		}
 		if !errors.Is(err, zk.ErrNoNode) || tries > 0 {
@@ -223,6 +252,39 @@ func (d *driver) makeParent(ctx context.Context, s *session, parent string) erro
 			}
 		}
 	}
+}
+
+// maxKnownParents bounds the names whose node the driver remembers as
+// existing (see knownParent).
+const maxKnownParents = 1 << 16
+
+// knownParent reports whether the driver saw the node of the name at
+// parent lately: then a create goes straight to it, otherwise the node is
+// created first. Either way a node found missing is created (the server
+// deletes an empty container node), so this only saves round trips: one
+// per acquisition of a name seen before, one per new name.
+func (d *driver) knownParent(parent string) bool {
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	_, ok := d.parents[parent]
+	return ok
+}
+
+// knowParent records whether the node at parent exists.
+func (d *driver) knowParent(parent string, exists bool) {
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	if !exists {
+		delete(d.parents, parent)
+		return
+	}
+	if _, ok := d.parents[parent]; ok {
+		return
+	}
+	if len(d.parents) >= maxKnownParents {
+		clear(d.parents) // forget them all: the next acquisitions learn again
+	}
+	d.parents[parent] = struct{}{}
 }
 
 // queue waits until n, c's node, is granted (or, without wait, finds out
@@ -506,6 +568,14 @@ type handle struct {
 	// or not at all.
 	touched <-chan struct{}
 	version int32
+
+	// The exists watch on the node (see batch.go): nil until a batched
+	// refresh sets it, and after it fired; watchEpoch is the connection
+	// it was set on (0: unknown), rearms how many times it was set again
+	// while an earlier one had not fired.
+	watch      <-chan zk.Event
+	watchEpoch uint64
+	rearms     int
 }
 
 // expire runs when the TTL has passed since the last refresh was sent
@@ -635,9 +705,10 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 	if s.owned {
 		granted = g.timeout
 	}
+	live := s.isLive(g) // not under h.mu: it may end g, which locks h
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.state != held || h.gen != g || !s.isLive(g) {
+	if h.state != held || h.gen != g || !live {
 		return 0, h.notHeld("was deleted (its TTL passed, or its session ended)")
 	}
 	h.ttl = granted
@@ -692,6 +763,7 @@ func (h *handle) migrate(ctx context.Context, ttl time.Duration) (time.Duration,
 				return 0, h.notHeld("was deleted (its TTL passed, or its session ended)")
 			}
 			h.s, h.gen, h.ttl, h.version = ns, ng, ng.timeout, 0
+			h.watch, h.watchEpoch, h.rearms = nil, 0, 0 // the old one fires (the node was deleted) on the old session
 			h.expiry.Reset(time.Until(sent.Add(ng.timeout)))
 			h.mu.Unlock()
 			h.d.moved(h.c, ns, ng)
@@ -761,7 +833,7 @@ func (h *handle) Release(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("zookeeper: releasing %s: %w", h.path, err)
 	}
-	err = s.do(ctx, func() error { return s.conn.Delete(h.path, version) }, func(err error) { _ = h.released(err) })
+	err = s.do(ctx, func() error { return s.deleteNode(h.path, version) }, func(err error) { _ = h.released(err) })
 	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 		return fmt.Errorf("zookeeper: releasing %s: %w", h.path, err)
 	}
@@ -817,7 +889,7 @@ func (h *handle) deleteOnClose(ctx context.Context) {
 	}
 	version, err := h.deleteVersion(ctx)
 	if err == nil {
-		err = s.do(ctx, func() error { return s.conn.Delete(h.path, version) }, nil)
+		err = s.do(ctx, func() error { return s.deleteNode(h.path, version) }, nil)
 	}
 	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		h.finish(released)

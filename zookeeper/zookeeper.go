@@ -198,6 +198,7 @@ func newDriver(opts *Options) (*driver, Options, error) {
 		handles:  map[*handle]struct{}{},
 		claims:   map[string]*claim{},
 		watches:  map[string]childWatch{},
+		parents:  map[string]struct{}{},
 		caps: dlock.Capabilities{
 			Fencing:         true,
 			FIFO:            true,
@@ -245,6 +246,9 @@ type driver struct {
 
 	wmu     sync.Mutex
 	watches map[string]childWatch // by lock parent: Watch's shared watches
+
+	pmu     sync.Mutex
+	parents map[string]struct{} // name nodes seen to exist (see knownParent)
 }
 
 func (d *driver) Capabilities() dlock.Capabilities { return d.caps }
