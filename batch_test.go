@@ -21,6 +21,7 @@ type batchDriver struct {
 	singles atomic.Int64
 	batches atomic.Int64
 	items   atomic.Int64
+	failing atomic.Bool // every batch fails as a whole
 }
 
 type batchHandle struct {
@@ -74,9 +75,15 @@ func (h *batchHandle) Held(context.Context) (bool, error) {
 func (d *batchDriver) RefreshBatch(_ context.Context, hs []driver.Handle, ttls []time.Duration) ([]time.Duration, []error) {
 	d.batches.Add(1)
 	d.items.Add(int64(len(hs)))
+	errs := make([]error, len(hs))
+	if d.failing.Load() {
+		for i := range errs {
+			errs[i] = errors.New("connection reset")
+		}
+		return make([]time.Duration, len(hs)), errs
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	errs := make([]error, len(hs))
 	for i, h := range hs {
 		if !h.(*batchHandle).mine() {
 			errs[i] = driver.ErrNotHeld
@@ -112,6 +119,20 @@ func TestBatchedRefresh(t *testing.T) {
 	t.Logf("%d refreshes in %d batches, %d alone", items, batches, singles)
 	if singles > items/10 || batches > items/4 {
 		t.Errorf("%d refreshes in %d batches and %d alone: want most in batches of several", items, batches, singles)
+	}
+	// Batches that fail as a whole are tried again in batches, not one
+	// request per lease.
+	singles = d.singles.Load()
+	failed := d.batches.Load()
+	d.failing.Store(true)
+	for end := time.Now().Add(30 * time.Second); d.batches.Load() < failed+3; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("no batches while they failed")
+		}
+	}
+	d.failing.Store(false)
+	if s := d.singles.Load() - singles; s > n/10 {
+		t.Errorf("%d refreshes alone after batches failed: want their retries batched", s)
 	}
 	d.mu.Lock()
 	d.locks["batch-7"] = "someone else"

@@ -176,7 +176,10 @@ func (ls *Lease) afterTick(err error, until time.Time) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	if ls.err == nil && !ls.refreshStopped {
-		ls.l.sched.schedule(&ls.tick, time.Now().Add(jitter(ls.backoff)))
+		// With slack, the leases of a batch that failed as a whole try
+		// again together, not one request each.
+		d := jitter(ls.backoff)
+		ls.l.sched.scheduleSlack(&ls.tick, time.Now().Add(d), d/2)
 		ls.backoff = min(2*ls.backoff, ls.opts.RetryMax)
 	}
 }
