@@ -58,11 +58,11 @@ func (c PrimConfig) withDefaults() PrimConfig {
 // (the backend lacks the primitive, or it failed: see Errors).
 type PrimResult struct {
 	Backend, URL string
-	Unsupported  []string // primitives the backend does not offer
-	Semaphore    *Latency // acquire+release, one worker, nobody else
-	SemaphoreOps float64  // acquire+release/s of Workers workers sharing the limit
-	Read         *Latency // RLock+release, one worker
-	Failover     *Latency // leader stops refreshing → the next candidate's Elect returns
+	Unsupported  []string      // primitives the backend does not offer
+	Semaphore    *Latency      // acquire+release, one worker, nobody else
+	SemaphoreOps float64       // acquire+release/s of Workers workers sharing the limit
+	Read         *Latency      // RLock+release, one worker
+	Failover     *Latency      // leader stops refreshing → the next candidate's Elect returns
 	FailoverTTL  time.Duration // the leaders' TTL as granted (etcd raises short ones)
 	Errors       []string
 }
