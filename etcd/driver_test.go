@@ -62,19 +62,32 @@ func TestLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Leases held at once have etcd leases of their own (the Locker's Close
-	// releases them).
-	seen := map[clientv3.LeaseID]string{}
+	// Locks held at once with one TTL share one etcd lease; with another
+	// TTL, another one; with LeasePerLock each has its own (the Lockers'
+	// Close releases them).
+	own := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix, LeasePerLock: true})
+	ids := map[string]clientv3.LeaseID{}
 	for _, n := range []string{"x", "y", "z"} {
-		ls, err := l.Acquire(ctx, n, nil)
-		if err != nil {
-			t.Fatal(err)
+		for _, lk := range []struct {
+			name string
+			l    *dlock.Locker
+			ttl  time.Duration
+		}{{"shared", l, 3 * time.Second}, {"shared4", l, 4 * time.Second}, {"own", own, 3 * time.Second}} {
+			ls, err := lk.l.Acquire(ctx, lk.name+n, &dlock.Options{TTL: lk.ttl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids[lk.name+n] = leaseOf(t, ctx, raw, prefix+lk.name+n+"/"+ls.Token())
 		}
-		id := leaseOf(t, ctx, raw, prefix+n+"/"+ls.Token())
-		if other, dup := seen[id]; dup {
-			t.Fatalf("%q and %q share etcd lease %x", n, other, id)
-		}
-		seen[id] = n
+	}
+	if ids["sharedx"] != ids["sharedy"] || ids["sharedx"] != ids["sharedz"] {
+		t.Errorf("locks of one TTL on etcd leases %x, %x, %x: want one", ids["sharedx"], ids["sharedy"], ids["sharedz"])
+	}
+	if ids["shared4x"] != ids["shared4y"] || ids["shared4x"] == ids["sharedx"] {
+		t.Errorf("locks of TTL 4s on etcd leases %x, %x (3s: %x): want one of their own", ids["shared4x"], ids["shared4y"], ids["sharedx"])
+	}
+	if ids["ownx"] == ids["owny"] || ids["ownx"] == ids["sharedx"] {
+		t.Errorf("LeasePerLock: etcd leases %x, %x (shared: %x): want one each", ids["ownx"], ids["owny"], ids["sharedx"])
 	}
 }
 
@@ -218,14 +231,14 @@ func TestLossDetected(t *testing.T) {
 	}
 }
 
-// Released leases' etcd leases are reused by the next acquisitions, and
+// With LeasePerLock, released leases' etcd leases are reused by the next acquisitions, and
 // Close revokes the idle ones.
 func TestIdleLeasesReusedAndRevoked(t *testing.T) {
 	srv, _ := etcdServer(t)
 	ctx := testCtx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
-	l, err := etcd.New(newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	l, err := etcd.New(newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix, LeasePerLock: true})
 	if err != nil {
 		t.Fatal(err)
 	}
