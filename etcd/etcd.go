@@ -115,6 +115,7 @@ type driver struct {
 
 	perLock bool     // Options.LeasePerLock
 	reg     registry // shared etcd leases and the Locker's watch
+	group   grouper  // acquisitions and releases grouped in requests
 }
 
 func (d *driver) Capabilities() dlock.Capabilities {
@@ -159,10 +160,9 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		if l.shared {
 			d.register(h)
 		}
-		resp, err := d.c.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix()).
-			Then(clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))).
-			Commit()
+		resp, err := d.groupedTxn(ctx, k.prefix,
+			clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix(),
+			[]clientv3.Op{clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))}, nil)
 		if err != nil {
 			if l.shared {
 				d.abandon(ctx, h)

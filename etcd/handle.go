@@ -3,6 +3,7 @@ package etcd
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -154,7 +155,7 @@ func (h *handle) Release(ctx context.Context) error {
 	if h.l.shared {
 		h.d.hold(h, true)
 	}
-	resp, err := h.d.c.Txn(ctx).If(h.isOurs()).Then(clientv3.OpDelete(h.key)).Commit()
+	resp, err := h.d.groupedTxn(ctx, h.key[:strings.LastIndexByte(h.key, '/')+1], h.isOurs(), []clientv3.Op{clientv3.OpDelete(h.key)}, nil)
 	if h.l.shared && (err != nil || !resp.Succeeded) {
 		h.d.hold(h, false)
 	}

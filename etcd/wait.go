@@ -96,17 +96,17 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 			d.register(h)
 		}
 		put := clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))
-		resp, err = d.c.Txn(ctx).
+		resp, err = d.groupedTxn(ctx, k.prefix,
 			// Free: just put, as TryAcquire does.
-			If(clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix()).
-			Then(put).
+			clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix(),
+			[]clientv3.Op{put},
 			// Taken: queue up, and read the newest two (ours and our
 			// predecessor) and the first.
-			Else(put,
+			[]clientv3.Op{put,
 				clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
 					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
 				clientv3.OpGet(k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
-			).Commit()
+			})
 		if err == nil {
 			break
 		}
