@@ -64,7 +64,19 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 		granted, errs := h.d.refreshShared(ctx, []*handle{h})
 		return granted[0], errs[0]
 	}
-	// With a move in doubt, this refresh finds out where the key is first.
+	granted, err := h.refreshRead(ctx)
+	if err == nil && h.l.shared {
+		h.d.reg.mu.Lock()
+		h.until = h.l.lastSent().Add(h.l.granted)
+		h.d.reg.mu.Unlock()
+	}
+	return granted, err
+}
+
+// refreshRead is Refresh by a renewal and a read of the key: with an etcd
+// lease of its own, or with a move in doubt (it finds out where the key is
+// first).
+func (h *handle) refreshRead(ctx context.Context) (time.Duration, error) {
 	var (
 		wg   sync.WaitGroup
 		kerr error
