@@ -336,8 +336,9 @@ func (d *driver) apply(ctx context.Context, wr clientv3.WatchResponse) {
 		}
 	}
 	if n := len(wr.Events); n > 0 {
-		// The events of the last revision may go on in the next response.
-		rev = max(rev, wr.Events[n-1].Kv.ModRevision-1)
+		// etcd sends a revision's events in one response (a watch without
+		// fragmentation), in revision order.
+		rev = max(rev, wr.Events[n-1].Kv.ModRevision)
 	}
 	if wr.IsProgressNotify() {
 		rev = max(rev, wr.Header.Revision)
@@ -361,27 +362,30 @@ func (d *driver) apply(ctx context.Context, wr clientv3.WatchResponse) {
 }
 
 // caughtUp waits until the watch has applied every event up to rev, asking
-// the server for progress notifications meanwhile.
+// the server for a progress notification every 100ms meanwhile (one that
+// does not come, from a watch catching up, is asked again).
 func (d *driver) caughtUp(ctx context.Context, rev int64) error {
 	r := &d.reg
-	for {
+	var ask <-chan time.Time
+	for first := true; ; first = false {
 		r.mu.Lock()
 		at, moved := r.rev, r.moved
 		r.mu.Unlock()
 		if at >= rev {
 			return nil
 		}
-		if err := d.c.RequestProgress(watchCtx(ctx)); err != nil {
-			return err
+		if first || ask == nil {
+			if err := d.c.RequestProgress(watchCtx(ctx)); err != nil {
+				return err
+			}
+			ask = time.After(100 * time.Millisecond)
 		}
-		t := time.NewTimer(100 * time.Millisecond)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return ctx.Err()
 		case <-moved:
-			t.Stop()
-		case <-t.C:
+		case <-ask:
+			ask = nil
 		}
 	}
 }
