@@ -51,6 +51,8 @@
 //   - dial_keep_alive_time, dial_keep_alive_timeout (default off): gRPC
 //     keepalive pings, which find a silently dead endpoint and move to
 //     another. etcd refuses pings more often than every 5s by default.
+//   - lease_per_lock=true: an etcd lease per lock (Options.LeasePerLock)
+//     instead of one per TTL shared by the Locker's locks.
 //   - auto_sync_interval (default off): refresh the endpoint list from the
 //     cluster's member list. Off, the client talks only to the URL's hosts.
 //   - etcds only: tls_ca (PEM file of CA certificates to trust instead of the

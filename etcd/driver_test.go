@@ -343,7 +343,7 @@ func TestOpenInvalidURL(t *testing.T) {
 }
 
 func TestParseURL(t *testing.T) {
-	cfg, opts, err := etcd.ParseURL(mustURL(t, "etcd://u:p%40ss@h1,h2:2380,10.0.0.1:2381/app/locks/?ttl=3s&dial_timeout=1s&dial_keep_alive_time=10s&dial_keep_alive_timeout=4s&auto_sync_interval=1m"))
+	cfg, opts, err := etcd.ParseURL(mustURL(t, "etcd://u:p%40ss@h1,h2:2380,10.0.0.1:2381/app/locks/?ttl=3s&dial_timeout=1s&dial_keep_alive_time=10s&dial_keep_alive_timeout=4s&auto_sync_interval=1m&lease_per_lock=true"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,11 +360,11 @@ func TestParseURL(t *testing.T) {
 	if cfg.Logger == nil || cfg.TLS != nil {
 		t.Errorf("logger %v (want a no-op one), TLS %v (want none)", cfg.Logger, cfg.TLS)
 	}
-	if opts.KeyPrefix != "/app/locks/" || opts.Defaults.TTL != 3*time.Second {
+	if opts.KeyPrefix != "/app/locks/" || opts.Defaults.TTL != 3*time.Second || !opts.LeasePerLock {
 		t.Errorf("options %+v", opts)
 	}
 	cfg, opts, err = etcd.ParseURL(mustURL(t, "etcd://[::1]"))
-	if err != nil || opts.KeyPrefix != etcd.DefaultKeyPrefix || cfg.Endpoints[0] != "http://[::1]:2379" {
+	if err != nil || opts.KeyPrefix != etcd.DefaultKeyPrefix || cfg.Endpoints[0] != "http://[::1]:2379" || opts.LeasePerLock {
 		t.Errorf("etcd://[::1]: endpoints %v, prefix %q, %v; want [::1]:2379 and the default prefix", cfg.Endpoints, opts.KeyPrefix, err)
 	}
 	cfg, _, err = etcd.ParseURL(mustURL(t, "etcds://h?tls_insecure_skip_verify=true&tls_server_name=etcd.test"))

@@ -40,7 +40,7 @@ type Options struct {
 	// reused), a revocation per release beyond 16 idle ones, and a renewal
 	// and a read per lock and refresh. Default false: the locks of one TTL
 	// share one etcd lease (see the package doc). Semaphores and read/write
-	// locks always have one each.
+	// locks always have one each. URL: lease_per_lock=true.
 	LeasePerLock bool
 }
 
