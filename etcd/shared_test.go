@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/etcd"
 )
 
@@ -222,5 +223,58 @@ func TestSharedLeaseOrphanDeleted(t *testing.T) {
 	}
 	if ls.Err() != nil {
 		t.Fatalf("the held lease ended: %v", ls.Err())
+	}
+}
+
+// A key deleted while the Locker's watch was cut off, with the history
+// compacted before it comes back, still ends its lease: the watch, unable
+// to resume, reads every key the Locker holds.
+func TestSharedLeaseWatchCompacted(t *testing.T) {
+	srv, _ := etcdServer(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	p, err := faultnet.Listen(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	l := newLocker(t, newClient(t, p.Addr()), &etcd.Options{KeyPrefix: prefix})
+	ctx := testCtx(t)
+	opts := &dlock.Options{TTL: 6 * time.Second}
+	gone, err := l.Acquire(ctx, "gone", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := l.Acquire(ctx, "kept", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole()
+	if _, err := raw.Delete(ctx, prefix+"gone/"+gone.Token()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := raw.Put(ctx, prefix+"other", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Compact(ctx, resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // a refresh or two lost in the black hole
+	p.Heal()
+	select {
+	case <-gone.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease whose key was deleted during the cut was not lost")
+	}
+	if !errors.Is(gone.Err(), dlock.ErrLost) {
+		t.Fatalf("its Err = %v, want ErrLost", gone.Err())
+	}
+	time.Sleep(2500 * time.Millisecond) // refreshes of the other after the cut
+	if kept.Err() != nil {
+		t.Fatalf("the other lease ended: %v", kept.Err())
+	}
+	if _, err := raw.Delete(ctx, prefix+"other"); err != nil {
+		t.Fatal(err)
 	}
 }
