@@ -110,10 +110,14 @@
 //
 // The watchdog renews the shared etcd lease (once for all the refreshes
 // that fall due together) and, in parallel, makes a linearizable read for
-// the current revision, then waits until the Locker's watch has applied
-// every change up to it (asking the server for a progress notification):
-// a refresh vouches for a key only once the watch has seen past its
-// renewal, so it never misses a deletion made before it was sent. A
+// the current revision, then waits until the Locker's watch has delivered
+// every change up to it; when the revision has moved outside the prefix
+// (the watch sees nothing there), it puts the Locker's marker key and waits
+// for that event instead. A refresh vouches for a key only once the watch
+// has seen every change made before it was sent, so it never misses a
+// deletion. (A requested progress notification would save the write, but
+// etcd before 3.4.25 and 3.5.8 may send it ahead of queued events: etcd
+// issue 15220.) A
 // refresh that finds the etcd lease gone, or the key deleted or replaced,
 // reports the loss (the watch has usually reported it already); one that
 // keeps failing reports it at ValidUntil. A watch broken by a lost leader
@@ -242,6 +246,10 @@
 //	                bound to the Locker's etcd lease of its TTL (or, with
 //	                LeasePerLock, to one of its own); <token> is the
 //	                lease's 32-hex-digit token (Lease.Token)
+//	P %marker/<id>  a Locker's marker key (one per Locker, <id> random),
+//	                put by a batch of refreshes when the revision moved
+//	                outside the prefix, bound to a shared etcd lease (gone
+//	                with it, and at Close)
 //	P %semaphore/N/<token>
 //	                a permit's key, holder's or waiter's, value the
 //	                semaphore's limit in decimal
@@ -250,8 +258,8 @@
 //	                a reader's and a writer's key, holder's or waiter's,
 //	                value Options.Metadata
 //
-// An escaped name never has a path component "%semaphore" or "%rwlock" (a
-// "%" in it is always followed by "25" or "2F"), so the three kinds are
+// An escaped name never has a path component "%semaphore", "%rwlock" or
+// "%marker" (a "%" in it is always followed by "25" or "2F"), so the kinds are
 // independent namespaces: a lock, a semaphore and a read/write lock of one
 // name never see each other's keys, and Names (dlock inspect) lists locks
 // only. recipe.NewRWMutex(session, RWMutexName(P, N)) uses the read/write

@@ -2,6 +2,8 @@ package etcd
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -76,6 +78,7 @@ func newDriver(client *clientv3.Client, opts *Options, ownsClient bool) *driver 
 	d.reg.ids = make(map[clientv3.LeaseID]bool)
 	d.reg.shared = make(map[int64]*lease)
 	d.reg.moved = make(chan struct{})
+	d.reg.marker = o.KeyPrefix + markerSpace + newID()
 	d.defaults = o.Defaults
 	return d
 }
@@ -235,4 +238,11 @@ func (d *driver) Close() error {
 		}
 	}
 	return nil
+}
+
+// newID returns 16 random bytes in hex.
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -20,6 +20,8 @@ import (
 const (
 	semaphoreSpace = "%semaphore/"
 	rwlockSpace    = "%rwlock/"
+	// markerSpace holds each Locker's marker key (shared.go).
+	markerSpace = "%marker/"
 )
 
 // RWMutexName returns the prefix under which recipe.NewRWMutex

@@ -18,8 +18,9 @@ import (
 // lock is told instead by one watch per Locker on the key prefix: a key
 // deleted, re-created or rebound behind its lease's back ends that lease
 // alone (at once, through OnLost), and a refresh waits until the watch has
-// caught up with a linearizable read made after the renewal was sent, so
-// that it never vouches for a key the watch has not seen through. The
+// delivered every change up to a linearizable read made after the renewal
+// was sent (see caughtUp), so that it never vouches for a key the watch has
+// not seen through. The
 // shared etcd lease's expiry deletes all its keys: every lease on it is
 // lost, and each reports it. A lock that is not refreshed would outlive its
 // TTL on an etcd lease its neighbours keep alive: the watch loop deletes its
@@ -39,6 +40,7 @@ type registry struct {
 	ids    map[clientv3.LeaseID]bool
 	shared map[int64]*lease // the current shared etcd lease by TTL in seconds
 	rev    int64            // every event up to rev has been applied
+	marker string           // the Locker's marker key: P %marker/<random id>
 	moved  chan struct{}    // closed (and replaced) when rev advances
 
 	start  sync.Mutex // serialises startWatch and stopWatch
@@ -49,8 +51,7 @@ type registry struct {
 }
 
 // watchCtx tags ctx so that the Locker's watch has a gRPC stream of its own
-// (progress requests go to it alone) and ends when its member loses the
-// leader.
+// and ends when its member loses the leader.
 func watchCtx(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "dlock-watch", "locker")
 }
@@ -324,7 +325,7 @@ func (d *driver) apply(ctx context.Context, wr clientv3.WatchResponse) {
 		h := r.keys[string(ev.Kv.Key)]
 		switch {
 		case h == nil:
-			if ev.Type == mvccpb.PUT && r.ids[clientv3.LeaseID(ev.Kv.Lease)] {
+			if ev.Type == mvccpb.PUT && r.ids[clientv3.LeaseID(ev.Kv.Lease)] && string(ev.Kv.Key) != r.marker {
 				orphans = append(orphans, ev.Kv)
 			}
 		case h.rev == 0 || h.releasing:
@@ -339,9 +340,6 @@ func (d *driver) apply(ctx context.Context, wr clientv3.WatchResponse) {
 		// etcd sends a revision's events in one response (a watch without
 		// fragmentation), in revision order.
 		rev = max(rev, wr.Events[n-1].Kv.ModRevision)
-	}
-	if wr.IsProgressNotify() {
-		rev = max(rev, wr.Header.Revision)
 	}
 	if rev > r.rev {
 		r.rev = rev
@@ -361,31 +359,63 @@ func (d *driver) apply(ctx context.Context, wr clientv3.WatchResponse) {
 	}
 }
 
-// caughtUp waits until the watch has applied every event up to rev, asking
-// the server for a progress notification every 100ms meanwhile (one that
-// does not come, from a watch catching up, is asked again).
-func (d *driver) caughtUp(ctx context.Context, rev int64) error {
+// mark puts the Locker's marker key, bound to one of leases (the first
+// still alive), and returns the revision of the put: once the watch has
+// delivered that event, it has delivered every change made before the put.
+// The key goes with its etcd lease.
+func (d *driver) mark(ctx context.Context, leases []*lease) (int64, error) {
+	var err error
+	for _, l := range leases {
+		var resp *clientv3.PutResponse
+		resp, err = d.c.Put(ctx, d.reg.marker, "", clientv3.WithLease(l.id))
+		if err == nil {
+			return resp.Header.Revision, nil
+		}
+		if !leaseGone(err) {
+			break
+		}
+	}
+	return 0, err
+}
+
+// caughtUp waits until the watch has applied every event up to rev, the
+// revision of a linearizable read. When the watch has not got there within
+// markAfter (the revision moved outside the prefix, where the watch sees
+// nothing), it puts the marker key and waits for that event instead. (A
+// requested progress notification would cost no write, but servers before
+// etcd 3.4.25 and 3.5.8 may send it ahead of events still queued: etcd
+// issue 15220.)
+func (d *driver) caughtUp(ctx context.Context, rev int64, leases []*lease) error {
+	wctx, cancel := context.WithTimeout(ctx, markAfter)
+	err := d.watched(wctx, rev)
+	cancel()
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	if rev, err = d.mark(ctx, leases); err != nil {
+		return err
+	}
+	return d.watched(ctx, rev)
+}
+
+// markAfter is how long a refresh waits for the watch to reach the revision
+// it read before it puts the marker key.
+const markAfter = 20 * time.Millisecond
+
+// watched waits until the watch has applied every event up to rev.
+func (d *driver) watched(ctx context.Context, rev int64) error {
 	r := &d.reg
-	var ask <-chan time.Time
-	for first := true; ; first = false {
+	for {
 		r.mu.Lock()
 		at, moved := r.rev, r.moved
 		r.mu.Unlock()
 		if at >= rev {
 			return nil
 		}
-		if first || ask == nil {
-			if err := d.c.RequestProgress(watchCtx(ctx)); err != nil {
-				return err
-			}
-			ask = time.After(100 * time.Millisecond)
-		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-moved:
-		case <-ask:
-			ask = nil
 		}
 	}
 }
@@ -514,8 +544,8 @@ func (d *driver) resync(ctx context.Context) error {
 }
 
 // refreshShared refreshes holders on shared etcd leases: one renewal per
-// etcd lease, one linearizable read for the current revision, then each
-// key judged by what the watch has seen up to that revision.
+// etcd lease and one linearizable read, then each key judged by what the
+// watch has seen up to the revision read (see caughtUp).
 func (d *driver) refreshShared(ctx context.Context, hs []*handle) ([]time.Duration, []error) {
 	granted := make([]time.Duration, len(hs))
 	errs := make([]error, len(hs))
@@ -537,7 +567,7 @@ func (d *driver) refreshShared(ctx context.Context, hs []*handle) ([]time.Durati
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		resp, err := d.c.Get(ctx, d.prefix, clientv3.WithCountOnly())
+		resp, err := d.c.Get(ctx, d.reg.marker, clientv3.WithCountOnly())
 		if err != nil {
 			rerr = err
 			return
@@ -552,7 +582,7 @@ func (d *driver) refreshShared(ctx context.Context, hs []*handle) ([]time.Durati
 	}
 	wg.Wait()
 	if rerr == nil {
-		rerr = d.caughtUp(ctx, rev)
+		rerr = d.caughtUp(ctx, rev, leases)
 	}
 	r := &d.reg
 	r.mu.Lock()

@@ -20,7 +20,7 @@ import (
 
 // rpcCounts counts a client's unary calls by method suffix.
 type rpcCounts struct {
-	grants, ranges, txns atomic.Int64
+	grants, ranges, txns, puts atomic.Int64
 }
 
 func countingClient(t *testing.T, addr string, n *rpcCounts) *clientv3.Client {
@@ -33,6 +33,8 @@ func countingClient(t *testing.T, addr string, n *rpcCounts) *clientv3.Client {
 			n.ranges.Add(1)
 		case strings.HasSuffix(method, "/Txn"):
 			n.txns.Add(1)
+		case strings.HasSuffix(method, "/Put"):
+			n.puts.Add(1)
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	})
@@ -71,12 +73,12 @@ func TestSharedLeaseOnServer(t *testing.T) {
 	}
 	id := leaseOf(t, ctx, raw, prefix+"s0/"+leases[0].Token())
 	// Three refresh intervals (1s each): every lease refreshed three times.
-	r0, t0 := n.ranges.Load(), n.txns.Load()
+	r0, t0, p0 := n.ranges.Load(), n.txns.Load(), n.puts.Load()
 	time.Sleep(3 * time.Second)
-	rs, ts := n.ranges.Load()-r0, n.txns.Load()-t0
-	t.Logf("3s of holding %d leases: %d reads, %d transactions", count, rs, ts)
-	if ts != 0 || rs > count/4 {
-		t.Errorf("3s of holding %d leases: %d reads, %d transactions; want no transaction and a read per batch", count, rs, ts)
+	rs, ts, ps := n.ranges.Load()-r0, n.txns.Load()-t0, n.puts.Load()-p0
+	t.Logf("3s of holding %d leases: %d reads, %d transactions, %d marker puts", count, rs, ts, ps)
+	if ts != 0 || rs == 0 || rs > count/4 || ps != 0 {
+		t.Errorf("3s of holding %d leases: %d reads, %d transactions, %d marker puts; want a read per batch (no write: nothing changed)", count, rs, ts, ps)
 	}
 	for i, ls := range leases {
 		if ls.Err() != nil {
@@ -276,5 +278,64 @@ func TestSharedLeaseWatchCompacted(t *testing.T) {
 	}
 	if _, err := raw.Delete(ctx, prefix+"other"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// With the revision moving outside the prefix (where the Locker's watch
+// sees nothing), refreshes put the Locker's marker key to know the watch
+// has caught up, and go on succeeding; a key deleted meanwhile is still
+// found.
+func TestSharedLeaseMarker(t *testing.T) {
+	srv, _ := etcdServer(t)
+	var n rpcCounts
+	c := countingClient(t, srv.Addr(), &n)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	l := newLocker(t, c, &etcd.Options{KeyPrefix: prefix})
+	ctx := testCtx(t)
+	opts := &dlock.Options{TTL: 3 * time.Second}
+	kept, err := l.Acquire(ctx, "kept", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := l.Acquire(ctx, "gone", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside := strings.TrimSuffix(prefix, "/") + "-outside"
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := raw.Put(ctx, outside, "x"); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { _, _ = raw.Delete(context.Background(), outside) })
+	time.Sleep(1500 * time.Millisecond)
+	if _, err := raw.Delete(ctx, prefix+"gone/"+gone.Token()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	<-done
+	if kept.Err() != nil {
+		t.Fatalf("the lease ended while the revision moved outside its prefix: %v", kept.Err())
+	}
+	if left := time.Until(kept.ValidUntil()); left < time.Second {
+		t.Fatalf("the lease is valid for %v more: not refreshed", left)
+	}
+	if !errors.Is(gone.Err(), dlock.ErrLost) {
+		t.Fatalf("the lease whose key was deleted: Err = %v, want ErrLost", gone.Err())
+	}
+	if n.puts.Load() == 0 {
+		t.Fatal("no marker put while the revision moved outside the prefix")
 	}
 }
