@@ -19,8 +19,11 @@ import (
 // applying any of its operations.
 
 const (
-	// txnsInFlight bounds the requests of grouped transactions at once.
-	txnsInFlight = 2
+	// txnsInFlight bounds the requests of grouped transactions at once: one,
+	// so that those arriving meanwhile make one large group (per request
+	// the server's cost dominates; releasing 10,000 locks with 16
+	// goroutines took 1.7s with 1, 2.4s with 2, 3.1s with 4).
+	txnsInFlight = 1
 	// txnsPerRequest bounds the transactions grouped in one request (each
 	// counts against etcd's --max-txn-ops, 128 by default, at its level).
 	txnsPerRequest = 64
