@@ -114,7 +114,11 @@ func TestSharedLeaseOnServer(t *testing.T) {
 	}
 
 	// The shared etcd lease revoked: every lease on it is lost, each
-	// reporting it.
+	// reporting it; a lease of another TTL (another etcd lease) is not.
+	other, err := l.Acquire(ctx, "other-ttl", &dlock.Options{TTL: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := raw.Revoke(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -130,6 +134,12 @@ func TestSharedLeaseOnServer(t *testing.T) {
 		if !errors.Is(ls.Err(), dlock.ErrLost) {
 			t.Fatalf("lease %d: Err = %v, want ErrLost", i, ls.Err())
 		}
+	}
+	if other.Err() != nil {
+		t.Fatalf("the lease on another etcd lease ended: %v", other.Err())
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 	// The next acquisition gets a new shared etcd lease.
 	ls, err := l.Acquire(ctx, "after", &dlock.Options{TTL: 3 * time.Second})
