@@ -26,14 +26,28 @@ const maxTxnOps = 128
 func (d *driver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle, ttls []time.Duration) ([]time.Duration, []error) {
 	granted := make([]time.Duration, len(hs))
 	errs := make([]error, len(hs))
-	var batch []int
+	var batch, shared []int
 	for i, x := range hs {
 		h, ok := x.(*handle)
 		if !ok || h.moving != nil || seconds(ttls[i]) > h.l.sec && time.Duration(seconds(ttls[i]))*time.Second > h.l.granted {
 			granted[i], errs[i] = x.Refresh(ctx, ttls[i])
 			continue
 		}
+		if h.l.shared {
+			shared = append(shared, i)
+			continue
+		}
 		batch = append(batch, i)
+	}
+	if len(shared) > 0 {
+		sh := make([]*handle, len(shared))
+		for j, i := range shared {
+			sh[j] = hs[i].(*handle)
+		}
+		g, e := d.refreshShared(ctx, sh)
+		for j, i := range shared {
+			granted[i], errs[i] = g[j], e[j]
+		}
 	}
 	if len(batch) == 0 {
 		return granted, errs

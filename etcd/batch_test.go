@@ -17,9 +17,9 @@ import (
 	"github.com/dlock/dlock/etcd"
 )
 
-// The watchdog refreshes many leases in a few requests (one keep-alive
-// stream, transactions of reads), not a renewal and a read each; a key
-// deleted behind a lease's back loses only that lease.
+// With LeasePerLock, the watchdog refreshes many leases in a few requests
+// (one keep-alive stream, transactions of reads), not a renewal and a read
+// each; a key deleted behind a lease's back loses only that lease.
 func TestBatchedRefreshOnServer(t *testing.T) {
 	srv, _ := etcdServer(t)
 	var ranges, txns, streams atomic.Int64
@@ -46,7 +46,7 @@ func TestBatchedRefreshOnServer(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
-	l := newLocker(t, c, &etcd.Options{KeyPrefix: prefix})
+	l := newLocker(t, c, &etcd.Options{KeyPrefix: prefix, LeasePerLock: true})
 	ctx := testCtx(t)
 	const n = 200
 	leases := make([]*dlock.Lease, n)

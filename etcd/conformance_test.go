@@ -17,9 +17,10 @@ import (
 // harness gives every locker its own etcd client dialling the shared server
 // through its own faultnet proxy.
 type harness struct {
-	addr   string
-	raw    *clientv3.Client // straight to the server, for Residue
-	prefix string
+	addr    string
+	raw     *clientv3.Client // straight to the server, for Residue
+	prefix  string
+	perLock bool // Options.LeasePerLock
 }
 
 func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
@@ -30,7 +31,7 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	c := newClient(t, p.Addr())
-	o := &etcd.Options{KeyPrefix: h.prefix}
+	o := &etcd.Options{KeyPrefix: h.prefix, LeasePerLock: h.perLock}
 	if defaults != nil {
 		o.Defaults = *defaults
 	}
@@ -86,4 +87,12 @@ func TestConformance(t *testing.T) {
 	raw := newClient(t, srv.Addr())
 	h := harness{addr: srv.Addr(), raw: raw, prefix: "dlockconf/"}
 	conformance.RunConfig(t, ownServer{h, srv}, conformance.Config{TTL: time.Second})
+}
+
+// The suite passes with an etcd lease per lock too (server faults only in
+// TestConformance, which covers the default).
+func TestConformanceLeasePerLock(t *testing.T) {
+	srv, minTTL := etcdServer(t)
+	raw := newClient(t, srv.Addr())
+	conformance.RunConfig(t, harness{addr: srv.Addr(), raw: raw, prefix: "dlockconfown/", perLock: true}, conformance.Config{TTL: minTTL})
 }

@@ -51,6 +51,8 @@
 //   - dial_keep_alive_time, dial_keep_alive_timeout (default off): gRPC
 //     keepalive pings, which find a silently dead endpoint and move to
 //     another. etcd refuses pings more often than every 5s by default.
+//   - lease_per_lock=true: an etcd lease per lock (Options.LeasePerLock)
+//     instead of one per TTL shared by the Locker's locks.
 //   - auto_sync_interval (default off): refresh the endpoint list from the
 //     cluster's member list. Off, the client talks only to the URL's hosts.
 //   - etcds only: tls_ca (PEM file of CA certificates to trust instead of the
@@ -74,13 +76,31 @@
 // a leader change and a restart (Capabilities.SurvivesRestart). While a
 // lease is valid (until its ValidUntil) nobody else holds its name.
 //
-// Each lease is a key bound to an etcd lease of its own (never shared with
-// another lock, so an etcd lease's expiry is exactly one lock's loss; and,
+// Each lock is a key of its own (named by the lease's token, so that,
 // unlike concurrency.Mutex on one session, two leases of one Locker on one
-// name exclude each other). A released lease's etcd lease is kept by the
-// Locker (up to 16 per TTL) for its next acquisitions, so that an
-// uncontended acquire and a release cost one transaction each; Close
-// revokes them. The
+// name exclude each other), bound to the Locker's shared etcd lease of its
+// TTL: one etcd lease per Locker and TTL in whole seconds, as
+// concurrency.Session has, granted at the first acquisition and again once
+// it has expired. An acquisition is one transaction and grants nothing; a
+// release is one transaction comparing the key's create revision and
+// revokes nothing; acquisitions and releases of different names that meet
+// while others are in flight go in one request as nested transactions
+// (each with its own comparison and outcome). The shared etcd lease's
+// expiry (all of the Locker's refreshes failing for a TTL: a partition, a
+// paused process) deletes all its keys, and every lease on it reports the
+// loss. What an etcd lease of its own would tell each lock is told by one
+// watch per Locker on the key prefix, started from a linearizable read
+// before its first key is put: a key deleted, re-created or bound to
+// another etcd lease behind its lease's back ends that lease alone, at
+// once (before its next refresh); a lock not refreshed within its own TTL
+// (NoRefresh, or refreshes failing while others succeed) has its key
+// deleted by the Locker within about a quarter second of its TTL's end, as
+// etcd would have deleted it; a key put on the shared etcd lease that no
+// lease holds (an abandoned attempt's put applied late) is deleted. Close
+// revokes the shared etcd leases. Options.LeasePerLock gives each lock an
+// etcd lease of its own instead, as before (then a released lease's etcd
+// lease is kept, up to 16 per TTL, for the next acquisitions, and Close
+// revokes them). The
 // etcd lease's TTL is in whole seconds: a TTL is rounded up, and etcd raises
 // TTLs below its minimum (1.5 × the election timeout, rounded up: 2s with
 // the default configuration). The TTL granted is read back and reported by
@@ -88,12 +108,23 @@
 // lease's expiry was sent (its grant or last keepalive), minus the drift
 // margin. Capabilities.MinTTL is 1s.
 //
-// The watchdog renews the etcd lease (KeepAliveOnce) and, in parallel, reads
-// the key to check that it still exists with this lease's create revision
-// and etcd lease: a refresh that finds the etcd lease gone, or the key
-// deleted or replaced, reports the loss at once (within a third of the TTL
-// of the deletion, with the default refresh interval); one that keeps
-// failing reports it at ValidUntil. Release and Refresh are transactions comparing the key's
+// The watchdog renews the shared etcd lease (once for all the refreshes
+// that fall due together) and, in parallel, makes a linearizable read for
+// the current revision, then waits until the Locker's watch has delivered
+// every change up to it; when the revision has moved outside the prefix
+// (the watch sees nothing there), it puts the Locker's marker key and waits
+// for that event instead. A refresh vouches for a key only once the watch
+// has seen every change made before it was sent, so it never misses a
+// deletion. (A requested progress notification would save the write, but
+// etcd before 3.4.25 and 3.5.8 may send it ahead of queued events: etcd
+// issue 15220.) A
+// refresh that finds the etcd lease gone, or the key deleted or replaced,
+// reports the loss (the watch has usually reported it already); one that
+// keeps failing reports it at ValidUntil. A watch broken by a lost leader
+// or a reconnection resumes from the last revision it applied; one whose
+// revisions were compacted reads every key the Locker holds, judges each,
+// and resumes from that read. With LeasePerLock the watchdog renews each
+// lock's etcd lease and reads its key (many keys per transaction). Release and Refresh are transactions comparing the key's
 // create revision, so a retried release can never delete a newer holder's
 // key, and a lost lock is never re-created: Release of a lost lease reports
 // ErrNotHeld. A Refresh to a longer TTL moves the key to a new etcd lease in
@@ -105,7 +136,7 @@
 // transaction that creates the key only if there is no key under the name at
 // all, so it never jumps the queue. A waiter puts its key and, in the same
 // round trip, reads its immediate predecessor; it watches only that key's
-// deletion (no herd, no polling) and keeps its own etcd lease alive while it
+// deletion (no herd, no polling) and keeps its etcd lease alive while it
 // waits. When the predecessor it watches was the holder, its deletion is the
 // grant, with no further round trip. A waiter whose ctx ends, or whose etcd
 // lease expires (it is then not granted, and returns an error matching
@@ -138,13 +169,16 @@
 // resource so that it can refuse the stale holder's writes.
 //
 // An attempt cut short by its ctx after its request went out may still have
-// created its key; the Locker then revokes that attempt's etcd lease, which
-// deletes the key.
+// created its key; the Locker then deletes the key (with LeasePerLock, and
+// for semaphores and read/write locks, it revokes the attempt's etcd lease,
+// which deletes the key), and the Locker's watch deletes it again should
+// the put be applied after that.
 //
 // # Primitives
 //
-// Semaphores, read/write locks and elections are built like the lock: one
-// key per lease and per waiter, bound to an etcd lease of its own, ordered
+// Semaphores and read/write locks are built like the lock: one key per
+// lease and per waiter, bound to an etcd lease of its own (never shared:
+// the Locker's watch and grouped requests serve locks only), ordered
 // by create revision, so everything above (TTLs, refresh and loss,
 // release by create revision, expiry, faults, cancelled waits deleting
 // their key) holds for them too. Capabilities declares Semaphore,
@@ -209,8 +243,13 @@
 // "%" written "%25" and every "/" written "%2F" (so that names never nest):
 //
 //	P N/<token>     one key per lease and per waiter, value Options.Metadata,
-//	                bound to an etcd lease of its own; <token> is the
+//	                bound to the Locker's etcd lease of its TTL (or, with
+//	                LeasePerLock, to one of its own); <token> is the
 //	                lease's 32-hex-digit token (Lease.Token)
+//	P %marker/<id>  a Locker's marker key (one per Locker, <id> random),
+//	                put by a batch of refreshes when the revision moved
+//	                outside the prefix, bound to a shared etcd lease (gone
+//	                with it, and at Close)
 //	P %semaphore/N/<token>
 //	                a permit's key, holder's or waiter's, value the
 //	                semaphore's limit in decimal
@@ -219,8 +258,8 @@
 //	                a reader's and a writer's key, holder's or waiter's,
 //	                value Options.Metadata
 //
-// An escaped name never has a path component "%semaphore" or "%rwlock" (a
-// "%" in it is always followed by "25" or "2F"), so the three kinds are
+// An escaped name never has a path component "%semaphore", "%rwlock" or
+// "%marker" (a "%" in it is always followed by "25" or "2F"), so the kinds are
 // independent namespaces: a lock, a semaphore and a read/write lock of one
 // name never see each other's keys, and Names (dlock inspect) lists locks
 // only. recipe.NewRWMutex(session, RWMutexName(P, N)) uses the read/write

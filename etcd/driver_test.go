@@ -55,26 +55,45 @@ func TestLayout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ttl.GrantedTTL != 5 || len(ttl.Keys) != 1 || string(ttl.Keys[0]) != key {
-			t.Errorf("etcd lease: granted %ds, keys %q; want 5s and just %q", ttl.GrantedTTL, ttl.Keys, key)
+		var attached []string // but the Locker's marker (see refreshShared)
+		for _, k := range ttl.Keys {
+			if !strings.HasPrefix(string(k), prefix+"%marker/") {
+				attached = append(attached, string(k))
+			}
+		}
+		if ttl.GrantedTTL != 5 || len(attached) != 1 || attached[0] != key {
+			t.Errorf("etcd lease: granted %ds, keys %q; want 5s and just %q", ttl.GrantedTTL, attached, key)
 		}
 		if err := ls.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Leases held at once have etcd leases of their own (the Locker's Close
-	// releases them).
-	seen := map[clientv3.LeaseID]string{}
+	// Locks held at once with one TTL share one etcd lease; with another
+	// TTL, another one; with LeasePerLock each has its own (the Lockers'
+	// Close releases them).
+	own := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix, LeasePerLock: true})
+	ids := map[string]clientv3.LeaseID{}
 	for _, n := range []string{"x", "y", "z"} {
-		ls, err := l.Acquire(ctx, n, nil)
-		if err != nil {
-			t.Fatal(err)
+		for _, lk := range []struct {
+			name string
+			l    *dlock.Locker
+			ttl  time.Duration
+		}{{"shared", l, 3 * time.Second}, {"shared4", l, 4 * time.Second}, {"own", own, 3 * time.Second}} {
+			ls, err := lk.l.Acquire(ctx, lk.name+n, &dlock.Options{TTL: lk.ttl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids[lk.name+n] = leaseOf(t, ctx, raw, prefix+lk.name+n+"/"+ls.Token())
 		}
-		id := leaseOf(t, ctx, raw, prefix+n+"/"+ls.Token())
-		if other, dup := seen[id]; dup {
-			t.Fatalf("%q and %q share etcd lease %x", n, other, id)
-		}
-		seen[id] = n
+	}
+	if ids["sharedx"] != ids["sharedy"] || ids["sharedx"] != ids["sharedz"] {
+		t.Errorf("locks of one TTL on etcd leases %x, %x, %x: want one", ids["sharedx"], ids["sharedy"], ids["sharedz"])
+	}
+	if ids["shared4x"] != ids["shared4y"] || ids["shared4x"] == ids["sharedx"] {
+		t.Errorf("locks of TTL 4s on etcd leases %x, %x (3s: %x): want one of their own", ids["shared4x"], ids["shared4y"], ids["sharedx"])
+	}
+	if ids["ownx"] == ids["owny"] || ids["ownx"] == ids["sharedx"] {
+		t.Errorf("LeasePerLock: etcd leases %x, %x (shared: %x): want one each", ids["ownx"], ids["owny"], ids["sharedx"])
 	}
 }
 
@@ -218,14 +237,14 @@ func TestLossDetected(t *testing.T) {
 	}
 }
 
-// Released leases' etcd leases are reused by the next acquisitions, and
+// With LeasePerLock, released leases' etcd leases are reused by the next acquisitions, and
 // Close revokes the idle ones.
 func TestIdleLeasesReusedAndRevoked(t *testing.T) {
 	srv, _ := etcdServer(t)
 	ctx := testCtx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
-	l, err := etcd.New(newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	l, err := etcd.New(newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix, LeasePerLock: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +349,7 @@ func TestOpenInvalidURL(t *testing.T) {
 }
 
 func TestParseURL(t *testing.T) {
-	cfg, opts, err := etcd.ParseURL(mustURL(t, "etcd://u:p%40ss@h1,h2:2380,10.0.0.1:2381/app/locks/?ttl=3s&dial_timeout=1s&dial_keep_alive_time=10s&dial_keep_alive_timeout=4s&auto_sync_interval=1m"))
+	cfg, opts, err := etcd.ParseURL(mustURL(t, "etcd://u:p%40ss@h1,h2:2380,10.0.0.1:2381/app/locks/?ttl=3s&dial_timeout=1s&dial_keep_alive_time=10s&dial_keep_alive_timeout=4s&auto_sync_interval=1m&lease_per_lock=true"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,11 +366,11 @@ func TestParseURL(t *testing.T) {
 	if cfg.Logger == nil || cfg.TLS != nil {
 		t.Errorf("logger %v (want a no-op one), TLS %v (want none)", cfg.Logger, cfg.TLS)
 	}
-	if opts.KeyPrefix != "/app/locks/" || opts.Defaults.TTL != 3*time.Second {
+	if opts.KeyPrefix != "/app/locks/" || opts.Defaults.TTL != 3*time.Second || !opts.LeasePerLock {
 		t.Errorf("options %+v", opts)
 	}
 	cfg, opts, err = etcd.ParseURL(mustURL(t, "etcd://[::1]"))
-	if err != nil || opts.KeyPrefix != etcd.DefaultKeyPrefix || cfg.Endpoints[0] != "http://[::1]:2379" {
+	if err != nil || opts.KeyPrefix != etcd.DefaultKeyPrefix || cfg.Endpoints[0] != "http://[::1]:2379" || opts.LeasePerLock {
 		t.Errorf("etcd://[::1]: endpoints %v, prefix %q, %v; want [::1]:2379 and the default prefix", cfg.Endpoints, opts.KeyPrefix, err)
 	}
 	cfg, _, err = etcd.ParseURL(mustURL(t, "etcds://h?tls_insecure_skip_verify=true&tls_server_name=etcd.test"))

@@ -2,6 +2,8 @@ package etcd
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -34,6 +36,14 @@ type Options struct {
 	// KeyPrefix starts every key (URL: the path). Default "dlock/". It is
 	// used verbatim: end it with "/" to keep it apart from other keys.
 	KeyPrefix string
+
+	// LeasePerLock binds each lock's key to an etcd lease of its own, as
+	// before shared etcd leases: a grant per acquisition (or an idle one
+	// reused), a revocation per release beyond 16 idle ones, and a renewal
+	// and a read per lock and refresh. Default false: the locks of one TTL
+	// share one etcd lease (see the package doc). Semaphores and read/write
+	// locks always have one each. URL: lease_per_lock=true.
+	LeasePerLock bool
 }
 
 // New returns a Locker on the application's client. Closing the Locker does
@@ -62,7 +72,13 @@ func newDriver(client *clientv3.Client, opts *Options, ownsClient bool) *driver 
 		ownsClient: ownsClient,
 		pool:       make(map[int64][]*lease),
 		attempts:   make(map[string]*lease),
+		perLock:    o.LeasePerLock,
 	}
+	d.reg.keys = make(map[string]*handle)
+	d.reg.ids = make(map[clientv3.LeaseID]bool)
+	d.reg.shared = make(map[int64]*lease)
+	d.reg.moved = make(chan struct{})
+	d.reg.marker = o.KeyPrefix + markerSpace + newID()
 	d.defaults = o.Defaults
 	return d
 }
@@ -99,6 +115,10 @@ type driver struct {
 	pool     map[int64][]*lease // idle etcd leases by TTL in seconds
 	attempts map[string]*lease  // by token: failed TryAcquires, for Abandon
 	bg       sync.WaitGroup     // revocations in flight
+
+	perLock bool     // Options.LeasePerLock
+	reg     registry // shared etcd leases and the Locker's watch
+	group   grouper  // acquisitions and releases grouped in requests
 }
 
 func (d *driver) Capabilities() dlock.Capabilities {
@@ -135,17 +155,29 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	}
 	k := d.keys(req.Name, req.Token)
 	for retried := false; ; retried = true {
-		l, err := d.takeLease(ctx, seconds(req.TTL))
+		l, err := d.lockLease(ctx, seconds(req.TTL))
 		if err != nil {
 			return nil, fmt.Errorf("etcd: granting a lease for %q: %w", k.prefix, err)
 		}
-		resp, err := d.c.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix()).
-			Then(clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))).
-			Commit()
+		h := &handle{d: d, key: k.key, value: req.Metadata, l: l}
+		if l.shared {
+			d.register(h)
+		}
+		resp, err := d.groupedTxn(ctx, k.prefix,
+			clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix(),
+			[]clientv3.Op{clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))}, nil)
 		if err != nil {
+			if l.shared {
+				d.abandon(ctx, h)
+				if leaseGone(err) {
+					d.dropShared(l)
+				}
+			}
 			if leaseGone(err) && !retried {
 				continue // an idle lease was revoked behind our back
+			}
+			if l.shared {
+				return nil, fmt.Errorf("etcd: acquiring %q: %w", k.prefix, err)
 			}
 			d.mu.Lock()
 			d.attempts[req.Token] = l
@@ -153,19 +185,26 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 			return nil, fmt.Errorf("etcd: acquiring %q: %w", k.prefix, err)
 		}
 		if !resp.Succeeded {
+			d.unregister(h)
 			d.putLease(l)
 			return nil, dlockdriver.Busy(0)
 		}
-		return d.grant(k, resp.Header.Revision, req.Metadata, l), nil
+		return d.grant(h, resp.Header.Revision), nil
 	}
 }
 
-func (d *driver) grant(k keys, rev int64, value string, l *lease) *dlockdriver.Grant {
+// grant grants h, whose key was put at revision rev.
+func (d *driver) grant(h *handle, rev int64) *dlockdriver.Grant {
+	if h.l.shared {
+		d.settle(h, rev, false)
+	} else {
+		h.rev = rev
+	}
 	return &dlockdriver.Grant{
-		Handle: &handle{d: d, key: k.key, rev: rev, value: value, l: l},
+		Handle: h,
 		Fence:  uint64(rev),
-		TTL:    l.granted,
-		Sent:   l.lastSent(),
+		TTL:    h.l.granted,
+		Sent:   h.l.lastSent(),
 	}
 }
 
@@ -199,4 +238,11 @@ func (d *driver) Close() error {
 		}
 	}
 	return nil
+}
+
+// newID returns 16 random bytes in hex.
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

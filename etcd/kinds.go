@@ -20,6 +20,8 @@ import (
 const (
 	semaphoreSpace = "%semaphore/"
 	rwlockSpace    = "%rwlock/"
+	// markerSpace holds each Locker's marker key (shared.go).
+	markerSpace = "%marker/"
 )
 
 // RWMutexName returns the prefix under which recipe.NewRWMutex
@@ -117,7 +119,7 @@ func (d *driver) tryRW(ctx context.Context, req dlockdriver.Request, k keys, l *
 
 // kindGrant is grant for any kind: readers carry no fencing token.
 func (d *driver) kindGrant(kind dlockdriver.Kind, k keys, rev int64, value string, l *lease) *dlockdriver.Grant {
-	g := d.grant(k, rev, value, l)
+	g := d.grant(&handle{d: d, key: k.key, value: value, l: l}, rev)
 	if kind == dlockdriver.KindRead {
 		g.Fence = 0
 	}
@@ -140,7 +142,7 @@ func (d *driver) tryPermit(ctx context.Context, req dlockdriver.Request, k keys,
 			return nil, err
 		}
 		if resp.Succeeded {
-			return d.grant(k, resp.Header.Revision, val, l), nil
+			return d.grant(&handle{d: d, key: k.key, value: val, l: l}, resp.Header.Revision), nil
 		}
 		rr := resp.Responses[0].GetResponseRange()
 		if len(rr.Kvs) == 0 {
@@ -160,7 +162,7 @@ func (d *driver) tryPermit(ctx context.Context, req dlockdriver.Request, k keys,
 			return nil, err
 		}
 		if resp.Succeeded {
-			return d.grant(k, resp.Header.Revision, val, l), nil
+			return d.grant(&handle{d: d, key: k.key, value: val, l: l}, resp.Header.Revision), nil
 		}
 		// A key was created since the read: look again.
 		if err := ctx.Err(); err != nil {

@@ -17,12 +17,16 @@ const maxIdle = 16
 // (it expires at its TTL anyway).
 const revokeTimeout = 2 * time.Second
 
-// lease is one etcd lease. At any time it belongs to exactly one dlock lease,
-// one acquisition in progress, or the Locker's idle pool: keys of two locks
-// never share an etcd lease, so a lease's expiry is one lock's loss.
+// lease is one etcd lease. A lock's key is bound to its Locker's shared
+// etcd lease of its TTL (shared.go) unless Options.LeasePerLock is set; an
+// etcd lease of any other kind (a permit's, a reader's or writer's, or a
+// lock's with LeasePerLock) belongs at any time to exactly one dlock lease,
+// one acquisition in progress, or the Locker's idle pool, so that its
+// expiry is one lease's loss.
 type lease struct {
 	id      clientv3.LeaseID
 	sec     int64         // the TTL asked for, in seconds: the pool's key
+	shared  bool          // a Locker's shared etcd lease (shared.go): never pooled nor revoked alone
 	granted time.Duration // the TTL the server granted (it raises short ones)
 
 	mu   sync.Mutex
@@ -130,6 +134,9 @@ func (d *driver) keepAlive(ctx context.Context, l *lease) error {
 
 // putLease gives an etcd lease that carries no key back to the pool.
 func (d *driver) putLease(l *lease) {
+	if l.shared {
+		return
+	}
 	now := time.Now()
 	d.mu.Lock()
 	if d.closed {
@@ -159,6 +166,14 @@ func (d *driver) putLease(l *lease) {
 // its TTL anyway. Revoking deletes the keys attached to it. Close waits for
 // revocations in flight.
 func (d *driver) revoke(l *lease) {
+	if l.shared {
+		return // others' keys are on it; Close revokes it
+	}
+	d.revokeNow(l)
+}
+
+// revokeNow is revoke of any etcd lease, shared or not.
+func (d *driver) revokeNow(l *lease) {
 	if time.Since(l.lastSent()) >= l.granted {
 		return // expired already
 	}
@@ -183,4 +198,21 @@ func (d *driver) drainPool() {
 			d.revoke(l)
 		}
 	}
+	d.stopWatch()
+	d.reg.mu.Lock()
+	shared := d.reg.shared
+	d.reg.shared = nil
+	d.reg.mu.Unlock()
+	for _, l := range shared {
+		d.revokeNow(l)
+	}
+}
+
+// lockLease returns the etcd lease for a lock's key of sec seconds: the
+// shared one, or with Options.LeasePerLock one of its own.
+func (d *driver) lockLease(ctx context.Context, sec int64) (*lease, error) {
+	if d.perLock {
+		return d.takeLease(ctx, sec)
+	}
+	return d.takeShared(ctx, sec)
 }

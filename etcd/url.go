@@ -34,6 +34,7 @@ const (
 	paramKeepAlive    = "dial_keep_alive_time"
 	paramKeepAliveTO  = "dial_keep_alive_timeout"
 	paramAutoSync     = "auto_sync_interval"
+	paramLeasePerLock = "lease_per_lock"
 	defaultClientPort = "2379"
 )
 
@@ -163,6 +164,7 @@ func ParseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 			*dst = d
 		}
 	}
+	opts.LeasePerLock, _ = p.TakeBool(paramLeasePerLock)
 	tlsp := p.TakeTLS()
 	if p.Err != nil {
 		return nil, nil, p.Err

@@ -48,6 +48,9 @@ type waiter struct {
 	rev   int64 // the create revision of its key
 	l     *lease
 	value string
+	// h is the handle a lock's waiter on a shared etcd lease registered
+	// before its put (nil otherwise): its grant.
+	h *handle
 
 	kind dlockdriver.Kind
 	// blockers is the prefix of the keys that keep it waiting while one of
@@ -78,28 +81,45 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 	keysOnly := clientv3.WithKeysOnly()
 	var (
 		l    *lease
+		h    *handle
 		resp *clientv3.TxnResponse
 		err  error
 	)
 	for retried := false; ; retried = true {
-		l, err = d.takeLease(ctx, seconds(req.TTL))
+		l, err = d.lockLease(ctx, seconds(req.TTL))
 		if err != nil {
 			return nil, d.waitError(ctx, k, fmt.Errorf("granting a lease: %w", err))
 		}
+		h = nil
+		if l.shared {
+			h = &handle{d: d, key: k.key, value: req.Metadata, l: l}
+			d.register(h)
+		}
 		put := clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))
-		resp, err = d.c.Txn(ctx).
+		resp, err = d.groupedTxn(ctx, k.prefix,
 			// Free: just put, as TryAcquire does.
-			If(clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix()).
-			Then(put).
+			clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix(),
+			[]clientv3.Op{put},
 			// Taken: queue up, and read the newest two (ours and our
 			// predecessor) and the first.
-			Else(put,
+			[]clientv3.Op{put,
 				clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
 					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
 				clientv3.OpGet(k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
-			).Commit()
+			})
 		if err == nil {
 			break
+		}
+		if h != nil {
+			// The key may be there: delete it (the etcd lease is others' too).
+			d.abandon(ctx, h)
+			if leaseGone(err) {
+				d.dropShared(l)
+			}
+			if leaseGone(err) && !retried {
+				continue
+			}
+			return nil, d.waitError(ctx, k, err)
 		}
 		if leaseGone(err) && !retried {
 			continue // an idle lease was revoked behind our back
@@ -110,7 +130,10 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 		cancel()
 		return nil, d.waitError(ctx, k, err)
 	}
-	w := &waiter{d: d, k: k, rev: resp.Header.Revision, l: l, value: req.Metadata, seen: resp.Header.Revision, blockers: k.prefix}
+	w := &waiter{d: d, k: k, rev: resp.Header.Revision, l: l, value: req.Metadata, seen: resp.Header.Revision, blockers: k.prefix, h: h}
+	if h != nil {
+		d.settle(h, w.rev, true)
+	}
 	if resp.Succeeded {
 		return w.grant(), nil
 	}
@@ -143,6 +166,9 @@ func (d *driver) waitError(ctx context.Context, k keys, err error) error {
 }
 
 func (w *waiter) grant() *dlockdriver.Grant {
+	if w.h != nil {
+		return w.d.grant(w.h, w.rev)
+	}
 	return w.d.kindGrant(w.kind, w.k, w.rev, w.value, w.l)
 }
 
@@ -157,8 +183,12 @@ func (w *waiter) leave(ctx context.Context) {
 		Then(clientv3.OpDelete(w.k.key)).
 		Commit()
 	switch {
+	case err != nil && w.h != nil:
+		w.d.abandon(ctx, w.h)
 	case err != nil:
 		w.d.revoke(w.l)
+	case w.h != nil:
+		w.d.unregister(w.h)
 	case resp.Succeeded:
 		w.d.putLease(w.l)
 	default: // gone with its etcd lease
