@@ -28,6 +28,8 @@ func benchHoldMain(ctx context.Context, args []string, stdout, stderr io.Writer)
 	urls := urlFlag{}
 	fs.Var(urls, "url", "use the server at `name=URL` for backend name instead of starting one (repeatable)")
 	ns := fs.String("n", "100,1000,10000", "comma-separated `counts` of names held at once")
+	params := urlFlag{}
+	fs.Var(params, "params", "add `name=k=v&k2=v2` to the URL of backend name (a server started here or -url's), e.g. postgres=shared_sessions=true (repeatable)")
 	fs.IntVar(&cfg.Workers, "workers", 16, "goroutines acquiring and releasing")
 	fs.DurationVar(&cfg.TTL, "ttl", 3*time.Second, "the leases' TTL")
 	fs.DurationVar(&cfg.Hold, "hold", 30*time.Second, "how long all N are held")
@@ -106,6 +108,13 @@ Flags:
 				srvs = append(srvs, srv)
 			}
 			raw = b.url(addrs)
+		}
+		if extra := params[n]; extra != "" {
+			sep := "?"
+			if strings.Contains(raw, "?") {
+				sep = "&"
+			}
+			raw += sep + extra
 		}
 		u, err := parseURL(raw)
 		if err != nil {

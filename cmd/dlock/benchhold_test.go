@@ -31,6 +31,20 @@ func TestBenchHoldRedis(t *testing.T) {
 	if rows != 2 {
 		t.Fatalf("%d redis rows in:\n%s", rows, out)
 	}
+	// -params reaches the URL: a pool of 2 holds every lease on 2
+	// connections. (The command removed the servers of this process when
+	// it ended: a new one.)
+	addr = servers.RequireNew(t, servers.Redis).Addr()
+	code, out, errOut = runCmd(t, "bench", "hold", "-backends", "redis", "-url", "redis=redis://"+addr+"/0",
+		"-params", "redis=pool_size=2", "-n", "50", "-hold", "300ms", "-ttl", "1s", "-q")
+	if code != 0 {
+		t.Fatalf("-params: status %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) == 12 && f[0] == "redis" && f[7] != "2" {
+			t.Errorf("with pool_size=2: %s connections, want 2", f[7])
+		}
+	}
 	if code, _, _ := runCmd(t, "bench", "hold", "-n", "0"); code != 2 {
 		t.Errorf("-n 0: status %d, want 2", code)
 	}
