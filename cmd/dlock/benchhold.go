@@ -66,16 +66,9 @@ Flags:
 	if !*quiet {
 		cfg.Progress = stderr
 	}
-	var names []string
-	for n := range strings.SplitSeq(*list, ",") {
-		if n = strings.TrimSpace(n); n == "" {
-			continue
-		}
-		if _, ok := lookupBackend(n); !ok {
-			fmt.Fprintf(stderr, "dlock bench hold: -backends: unknown backend %q (known: %s)\n", n, strings.Join(backendNames(), ", "))
-			return 2
-		}
-		names = append(names, n)
+	names, ok := benchNames("dlock bench hold", *list, anyBackend, stderr)
+	if !ok {
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -84,50 +77,17 @@ Flags:
 			fmt.Fprintf(stderr, "dlock bench hold: removing servers: %v\n", err)
 		}
 	}()
+	ts, code := startBenchTargets(ctx, "dlock bench hold", names, urls, params, cfg.Progress, stderr)
+	if code != 0 {
+		return code
+	}
 	var targets []bench.HoldTarget
-	for _, n := range names {
-		b, _ := lookupBackend(n)
-		raw, given := urls[n]
-		var (
-			addrs []string
-			srvs  []*servers.Server
-		)
-		if !given {
-			for _, kind := range b.servers {
-				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "%-9s starting a %s server…\n", n, kind)
-				}
-				sctx, cancel := context.WithTimeout(ctx, serverStartTimeout)
-				srv, err := servers.Start(sctx, kind, nil)
-				cancel()
-				if err != nil {
-					fmt.Fprintf(stderr, "dlock bench hold: %s: %v\n", n, err)
-					return 1
-				}
-				addrs = append(addrs, srv.Addr())
-				srvs = append(srvs, srv)
-			}
-			raw = b.url(addrs)
-		}
-		if extra := params[n]; extra != "" {
-			sep := "?"
-			if strings.Contains(raw, "?") {
-				sep = "&"
-			}
-			raw += sep + extra
-		}
-		u, err := parseURL(raw)
-		if err != nil {
-			fmt.Fprintf(stderr, "dlock bench hold: %s: %v\n", n, err)
-			return 2
-		}
-		if given {
-			addrs = strings.Split(u.Host, ",")
-		}
-		t := bench.HoldTarget{Backend: n, URL: driver.RedactURL(u), Addrs: addrs,
+	for _, t := range ts {
+		raw, srvs := t.raw, t.srvs
+		ht := bench.HoldTarget{Backend: t.name, URL: driver.RedactURL(t.u), Addrs: t.addrs,
 			Open: func(ctx context.Context) (*dlock.Locker, error) { return dlock.Open(ctx, raw) }}
 		if len(srvs) > 0 {
-			t.ServerCPU = func() (time.Duration, error) {
+			ht.ServerCPU = func() (time.Duration, error) {
 				var sum time.Duration
 				for _, s := range srvs {
 					d, err := s.CPUTime()
@@ -139,7 +99,7 @@ Flags:
 				return sum, nil
 			}
 		}
-		targets = append(targets, t)
+		targets = append(targets, ht)
 	}
 	results := bench.RunHold(ctx, cfg, targets)
 	if err := bench.WriteHoldText(stdout, cfg, results); err != nil {

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -56,16 +55,9 @@ Flags:
 	if !*quiet {
 		cfg.Progress = stderr
 	}
-	var names []string
-	for n := range strings.SplitSeq(*list, ",") {
-		if n = strings.TrimSpace(n); n == "" {
-			continue
-		}
-		if _, ok := lookupBackend(n); !ok {
-			fmt.Fprintf(stderr, "dlock bench primitives: -backends: unknown backend %q (known: %s)\n", n, strings.Join(backendNames(), ", "))
-			return 2
-		}
-		names = append(names, n)
+	names, ok := benchNames("dlock bench primitives", *list, anyBackend, stderr)
+	if !ok {
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -74,33 +66,14 @@ Flags:
 			fmt.Fprintf(stderr, "dlock bench primitives: removing servers: %v\n", err)
 		}
 	}()
+	ts, code := startBenchTargets(ctx, "dlock bench primitives", names, urls, nil, cfg.Progress, stderr)
+	if code != 0 {
+		return code
+	}
 	var targets []bench.PrimTarget
-	for _, n := range names {
-		b, _ := lookupBackend(n)
-		raw, given := urls[n]
-		if !given {
-			var addrs []string
-			for _, kind := range b.servers {
-				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "%-9s starting a %s server…\n", n, kind)
-				}
-				sctx, cancel := context.WithTimeout(ctx, serverStartTimeout)
-				srv, err := servers.Start(sctx, kind, nil)
-				cancel()
-				if err != nil {
-					fmt.Fprintf(stderr, "dlock bench primitives: %s: %v\n", n, err)
-					return 1
-				}
-				addrs = append(addrs, srv.Addr())
-			}
-			raw = b.url(addrs)
-		}
-		u, err := parseURL(raw)
-		if err != nil {
-			fmt.Fprintf(stderr, "dlock bench primitives: %s: %v\n", n, err)
-			return 2
-		}
-		targets = append(targets, bench.PrimTarget{Backend: n, URL: driver.RedactURL(u),
+	for _, t := range ts {
+		raw := t.raw
+		targets = append(targets, bench.PrimTarget{Backend: t.name, URL: driver.RedactURL(t.u),
 			Open: func(ctx context.Context) (*dlock.Locker, error) { return dlock.Open(ctx, raw) }})
 	}
 	results := bench.RunPrimitives(ctx, cfg, targets)

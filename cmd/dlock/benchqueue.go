@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -62,16 +61,14 @@ Flags:
 	if !*quiet {
 		cfg.Progress = stderr
 	}
-	var names []string
-	for n := range strings.SplitSeq(*list, ",") {
-		if n = strings.TrimSpace(n); n == "" {
-			continue
-		}
+	names, ok := benchNames("dlock bench queue", *list, func(n string) error {
 		if _, ok := queueBackends[n]; !ok {
-			fmt.Fprintf(stderr, "dlock bench queue: -backends: %q has no task queue (memory, redis, postgres have)\n", n)
-			return 2
+			return fmt.Errorf("%q has no task queue (memory, redis, postgres have)", n)
 		}
-		names = append(names, n)
+		return nil
+	}, stderr)
+	if !ok {
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -80,38 +77,19 @@ Flags:
 			fmt.Fprintf(stderr, "dlock bench queue: removing servers: %v\n", err)
 		}
 	}()
+	ts, code := startBenchTargets(ctx, "dlock bench queue", names, urls, nil, cfg.Progress, stderr)
+	if code != 0 {
+		return code
+	}
 	var targets []bench.QueueTarget
-	for _, n := range names {
-		b, _ := lookupBackend(n)
-		raw, given := urls[n]
-		if !given {
-			var addrs []string
-			for _, kind := range b.servers {
-				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "%-8s starting a %s server…\n", n, kind)
-				}
-				sctx, cancel := context.WithTimeout(ctx, serverStartTimeout)
-				srv, err := servers.Start(sctx, kind, nil)
-				cancel()
-				if err != nil {
-					fmt.Fprintf(stderr, "dlock bench queue: %s: %v\n", n, err)
-					return 1
-				}
-				addrs = append(addrs, srv.Addr())
-			}
-			raw = b.url(addrs)
-		}
-		u, err := parseURL(raw)
-		if err != nil {
-			fmt.Fprintf(stderr, "dlock bench queue: %s: %v\n", n, err)
-			return 2
-		}
-		t := bench.QueueTarget{Backend: n, URL: driver.RedactURL(u),
+	for _, t := range ts {
+		raw := t.raw
+		qt := bench.QueueTarget{Backend: t.name, URL: driver.RedactURL(t.u),
 			Open: func(ctx context.Context) (*queue.Client, error) { return queue.Open(ctx, raw) }}
-		if floor := queueBackends[n]; floor != nil {
-			t.Floor = floor(u)
+		if floor := queueBackends[t.name]; floor != nil {
+			qt.Floor = floor(t.u)
 		}
-		targets = append(targets, t)
+		targets = append(targets, qt)
 	}
 	results := bench.RunQueue(ctx, cfg, targets)
 	if err := bench.WriteQueueText(stdout, cfg, results); err != nil {
