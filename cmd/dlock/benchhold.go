@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -34,6 +35,7 @@ func benchHoldMain(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.DurationVar(&cfg.TTL, "ttl", 3*time.Second, "the leases' TTL")
 	fs.DurationVar(&cfg.Hold, "hold", 30*time.Second, "how long all N are held")
 	fs.DurationVar(&cfg.Budget, "budget", 60*time.Second, "time allowed to acquire all N")
+	fs.IntVar(&cfg.Hogs, "hog", 0, "run `k` CPU-bound processes (busy shell loops) beside the bench for its whole length, as another CPU-heavy process sharing the machine")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: dlock bench hold [flags]
@@ -65,6 +67,10 @@ Flags:
 	}
 	if !*quiet {
 		cfg.Progress = stderr
+	}
+	if cfg.Hogs < 0 {
+		fmt.Fprintf(stderr, "dlock bench hold: -hog: %d is negative\n", cfg.Hogs)
+		return 2
 	}
 	names, ok := benchNames("dlock bench hold", *list, anyBackend, stderr)
 	if !ok {
@@ -101,7 +107,13 @@ Flags:
 		}
 		targets = append(targets, ht)
 	}
+	stopHogs, err := startHogs(cfg.Hogs)
+	if err != nil {
+		fmt.Fprintf(stderr, "dlock bench hold: -hog: %v\n", err)
+		return 1
+	}
 	results := bench.RunHold(ctx, cfg, targets)
+	stopHogs()
 	if err := bench.WriteHoldText(stdout, cfg, results); err != nil {
 		fmt.Fprintf(stderr, "dlock bench hold: %v\n", err)
 		return 1
@@ -112,4 +124,27 @@ Flags:
 		}
 	}
 	return 0
+}
+
+// startHogs starts k busy shell loops, each a process of its own that takes
+// a core when it gets one; stop kills them and waits for them. The kernel
+// kills them too if this process dies first (Pdeathsig).
+func startHogs(k int) (stop func(), err error) {
+	var cmds []*exec.Cmd
+	stop = func() {
+		for _, c := range cmds {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	}
+	for range k {
+		c := exec.Command("/bin/sh", "-c", "while :; do :; done")
+		c.SysProcAttr = hogAttr()
+		if err := c.Start(); err != nil {
+			stop()
+			return nil, err
+		}
+		cmds = append(cmds, c)
+	}
+	return stop, nil
 }

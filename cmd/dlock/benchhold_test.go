@@ -12,9 +12,12 @@ import (
 func TestBenchHoldRedis(t *testing.T) {
 	addr := servers.Require(t, servers.Redis).Addr()
 	code, out, errOut := runCmd(t, "bench", "hold", "-backends", "redis", "-url", "redis=redis://"+addr+"/0",
-		"-n", "10,50", "-hold", "500ms", "-ttl", "1s", "-q")
+		"-n", "10,50", "-hold", "500ms", "-ttl", "1s", "-hog", "1", "-q")
 	if code != 0 {
 		t.Fatalf("status %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "with 1 CPU-bound processes") {
+		t.Errorf("-hog 1 not reported in:\n%s", out)
 	}
 	rows := 0
 	for line := range strings.Lines(out) {
@@ -47,5 +50,8 @@ func TestBenchHoldRedis(t *testing.T) {
 	}
 	if code, _, _ := runCmd(t, "bench", "hold", "-n", "0"); code != 2 {
 		t.Errorf("-n 0: status %d, want 2", code)
+	}
+	if code, _, _ := runCmd(t, "bench", "hold", "-hog", "-1"); code != 2 {
+		t.Errorf("-hog -1: status %d, want 2", code)
 	}
 }

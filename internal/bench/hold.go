@@ -44,6 +44,7 @@ type HoldConfig struct {
 	TTL      time.Duration // default 3s
 	Hold     time.Duration // default 30s
 	Budget   time.Duration // for acquiring all N; default 60s
+	Hogs     int           // CPU-bound processes run beside the bench (reported only)
 	Progress io.Writer
 }
 
@@ -306,8 +307,12 @@ func procAddr(ip net.IP, port int) string {
 // WriteHoldText writes the results as a table.
 func WriteHoldText(w io.Writer, cfg HoldConfig, results []HoldResult) error {
 	cfg = cfg.withDefaults()
-	fmt.Fprintf(w, "dlock bench hold: one Locker takes N names with %d goroutines (TTL %v or the backend's minimum, watchdog on,\n%v budget), holds them %v, releases them\n\n",
+	fmt.Fprintf(w, "dlock bench hold: one Locker takes N names with %d goroutines (TTL %v or the backend's minimum, watchdog on,\n%v budget), holds them %v, releases them\n",
 		cfg.Workers, cfg.TTL, cfg.Budget, cfg.Hold)
+	if cfg.Hogs > 0 {
+		fmt.Fprintf(w, "with %d CPU-bound processes (busy loops) running beside it on %d cores\n", cfg.Hogs, runtime.NumCPU())
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "backend\tN\tTTL\tacquired\tacquire\tprocess CPU/min\tserver CPU/min\tconns\theap/lease\tlost\trelease")
 	for _, r := range results {
