@@ -159,6 +159,16 @@
 // the channel) stays queued and runs the acquire script at least every
 // 200ms to find a lock handed to it.
 //
+// Many leases: the watchdog refreshes a Locker's leases in batches (one
+// script call per up to 256 leases on one server, a pipeline of them on
+// Cluster), one pool connection at a time, so 10,000 held leases need the
+// pub/sub connection and one pool connection. The pool keeps the
+// connections that concurrent acquisitions opened (16 goroutines acquiring
+// at once leave 16); go-redis closes an idle one only when it takes it
+// again, so bound them with max_idle_conns (e.g. 4) when a burst of
+// acquisitions should not leave connections open, at the price of dialling
+// again when the concurrency comes back.
+//
 // A key without expiry under a lock's name (set by something else) counts as
 // held; compat waiters then poll it at Options.RetryMax, default-layout
 // waiters at the renewal interval of their entry.

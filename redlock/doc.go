@@ -99,6 +99,9 @@
 // Refresh extends the lock on every node that still holds the token
 // (compare-and-pexpire), needs a majority, and moves ValidUntil to the
 // refresh's start + TTL − drift; it never re-creates a lock a node has lost.
+// The watchdog refreshes a Locker's leases that fall due together in
+// batches: one script call per node for up to 256 leases, each lease judged
+// by its own majority as alone (refresh_batch.lua).
 // Release deletes the lock on every node that holds the token
 // (compare-and-delete), waiting for each up to the node timeout; it never
 // touches another holder's lock and is idempotent.

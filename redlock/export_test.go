@@ -15,3 +15,9 @@ func ParseRawURL(raw string) ([]*goredis.Options, *Options, error) {
 	}
 	return ParseURL(u)
 }
+
+// RefreshSHA and RefreshBatchSHA tell the watchdog's script calls apart.
+var (
+	RefreshSHA      = refreshScript.Hash()
+	RefreshBatchSHA = refreshBatchScript.Hash()
+)
