@@ -314,14 +314,7 @@ func newTarget(b backend, raw string, peers bool) (bench.Target, error) {
 }
 
 func writeReport(path, format string, rep *bench.Report) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := rep.Write(f, format); err != nil {
-		return errors.Join(err, f.Close())
-	}
-	return f.Close()
+	return writeFile(path, func(w io.Writer) error { return rep.Write(w, format) })
 }
 
 // parseURL parses a backend URL without ever repeating it whole in an error:

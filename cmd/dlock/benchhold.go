@@ -37,6 +37,7 @@ func benchHoldMain(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.DurationVar(&cfg.Budget, "budget", 60*time.Second, "time allowed to acquire all N")
 	fs.IntVar(&cfg.Hogs, "hog", 0, "run `k` CPU-bound processes (busy shell loops) beside the bench for its whole length, as another CPU-heavy process sharing the machine")
 	quiet := fs.Bool("q", false, "no progress on stderr")
+	out := fs.String("o", "", "also write the table to `file`: .md for Markdown, .json for JSON, .txt for text")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: dlock bench hold [flags]
 
@@ -71,6 +72,14 @@ Flags:
 	if cfg.Hogs < 0 {
 		fmt.Fprintf(stderr, "dlock bench hold: -hog: %d is negative\n", cfg.Hogs)
 		return 2
+	}
+	format := ""
+	if *out != "" {
+		var err error
+		if format, err = bench.FormatFor(*out); err != nil || format == bench.FormatHTML {
+			fmt.Fprintf(stderr, "dlock bench hold: -o: want a .md, .json or .txt file, not %q\n", *out)
+			return 2
+		}
 	}
 	names, ok := benchNames("dlock bench hold", *list, anyBackend, stderr)
 	if !ok {
@@ -118,6 +127,12 @@ Flags:
 		fmt.Fprintf(stderr, "dlock bench hold: %v\n", err)
 		return 1
 	}
+	if *out != "" {
+		if err := writeFile(*out, func(w io.Writer) error { return bench.WriteHold(w, format, cfg, results) }); err != nil {
+			fmt.Fprintf(stderr, "dlock bench hold: -o: %v\n", err)
+			return 1
+		}
+	}
 	for _, r := range results {
 		if len(r.Errors) > 0 || r.Lost > 0 || r.Acquired < r.N {
 			return 1
@@ -147,4 +162,16 @@ func startHogs(k int) (stop func(), err error) {
 		cmds = append(cmds, c)
 	}
 	return stop, nil
+}
+
+// writeFile creates path and writes it with write.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		return errors.Join(err, f.Close())
+	}
+	return f.Close()
 }

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,8 +14,9 @@ import (
 // connections counted, and a row per N.
 func TestBenchHoldRedis(t *testing.T) {
 	addr := servers.Require(t, servers.Redis).Addr()
+	jsonPath := filepath.Join(t.TempDir(), "hold.json")
 	code, out, errOut := runCmd(t, "bench", "hold", "-backends", "redis", "-url", "redis=redis://"+addr+"/0",
-		"-n", "10,50", "-hold", "500ms", "-ttl", "1s", "-hog", "1", "-q")
+		"-n", "10,50", "-hold", "500ms", "-ttl", "1s", "-hog", "1", "-o", jsonPath, "-q")
 	if code != 0 {
 		t.Fatalf("status %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
@@ -34,6 +38,32 @@ func TestBenchHoldRedis(t *testing.T) {
 	if rows != 2 {
 		t.Fatalf("%d redis rows in:\n%s", rows, out)
 	}
+	// -o: the same rows as JSON.
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var report struct {
+		Hogs    int
+		Results []struct {
+			Backend        string
+			N, Acquired    int
+			Lost           int
+			HeapPerLease   int64  `json:"heap_per_lease_bytes"`
+			ProcessCPUText string `json:"process_cpu_per_min"`
+		}
+	}
+	if err := json.Unmarshal(b, &report); err != nil {
+		t.Fatalf("-o hold.json: %v in:\n%s", err, b)
+	}
+	if report.Hogs != 1 || len(report.Results) != 2 {
+		t.Fatalf("-o hold.json: hogs %d, %d results, want 1 and 2:\n%s", report.Hogs, len(report.Results), b)
+	}
+	for _, r := range report.Results {
+		if r.Backend != "redis" || r.Acquired != r.N || r.Lost != 0 || r.ProcessCPUText == "" {
+			t.Errorf("-o hold.json: result %+v", r)
+		}
+	}
 	// -params reaches the URL: a pool of 2 holds every lease on 2
 	// connections. (The command removed the servers of this process when
 	// it ended: a new one.)
@@ -50,6 +80,9 @@ func TestBenchHoldRedis(t *testing.T) {
 	}
 	if code, _, _ := runCmd(t, "bench", "hold", "-n", "0"); code != 2 {
 		t.Errorf("-n 0: status %d, want 2", code)
+	}
+	if code, _, _ := runCmd(t, "bench", "hold", "-o", "hold.html"); code != 2 {
+		t.Errorf("-o hold.html: status %d, want 2", code)
 	}
 	if code, _, _ := runCmd(t, "bench", "hold", "-hog", "-1"); code != 2 {
 		t.Errorf("-hog -1: status %d, want 2", code)

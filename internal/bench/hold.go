@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -304,15 +305,86 @@ func procAddr(ip net.IP, port int) string {
 	return b.String()
 }
 
+// WriteHold writes the results in format (FormatText, FormatMarkdown or
+// FormatJSON).
+func WriteHold(w io.Writer, format string, cfg HoldConfig, results []HoldResult) error {
+	switch format {
+	case FormatText:
+		return WriteHoldText(w, cfg, results)
+	case FormatMarkdown:
+		return writeHoldMarkdown(w, cfg, results)
+	case FormatJSON:
+		cfg = cfg.withDefaults()
+		out := struct {
+			Workers int              `json:"workers"`
+			TTL     string           `json:"ttl"`
+			Hold    string           `json:"hold"`
+			Budget  string           `json:"budget"`
+			Hogs    int              `json:"hogs"`
+			CPUs    int              `json:"cpus"`
+			Results []map[string]any `json:"results"`
+			Notes   string           `json:"notes"`
+		}{Workers: cfg.Workers, TTL: cfg.TTL.String(), Hold: cfg.Hold.String(), Budget: cfg.Budget.String(),
+			Hogs: cfg.Hogs, CPUs: runtime.NumCPU(), Notes: strings.ReplaceAll(holdNotes, "\n", " ")}
+		for _, r := range results {
+			server := ""
+			if r.ServerCPU >= 0 {
+				server = r.ServerCPU.String()
+			}
+			out.Results = append(out.Results, map[string]any{
+				"backend": r.Backend, "n": r.N, "ttl": r.TTL.String(), "acquired": r.Acquired,
+				"acquire": r.Acquire.String(), "process_cpu_per_min": r.ProcessCPU.String(),
+				"server_cpu_per_min": server, "conns": r.Conns, "heap_per_lease_bytes": r.HeapPerLease,
+				"lost": r.Lost, "release": r.Release.String(), "errors": r.Errors,
+			})
+		}
+		e := json.NewEncoder(w)
+		e.SetIndent("", "  ")
+		return e.Encode(out)
+	}
+	return fmt.Errorf("bench hold: no %s report (want text, Markdown or JSON)", format)
+}
+
+const holdNotes = "CPU per minute of holding (process: this one, user+system; server: the containers' cgroups, '-' for\n" +
+	"servers not started here). conns: this process's TCP connections to the servers while holding. heap/lease: live\n" +
+	"heap growth after the acquisitions over N. lost: leases that ended while held (must be 0)."
+
+func holdHeader(cfg HoldConfig) string {
+	h := fmt.Sprintf("one Locker takes N names with %d goroutines (TTL %v or the backend's minimum, watchdog on,\n%v budget), holds them %v, releases them",
+		cfg.Workers, cfg.TTL, cfg.Budget, cfg.Hold)
+	if cfg.Hogs > 0 {
+		h += fmt.Sprintf("\nwith %d CPU-bound processes (busy loops) running beside it on %d cores", cfg.Hogs, runtime.NumCPU())
+	}
+	return h
+}
+
+func writeHoldMarkdown(w io.Writer, cfg HoldConfig, results []HoldResult) error {
+	cfg = cfg.withDefaults()
+	fmt.Fprintf(w, "# dlock bench hold\n\n%s\n\n", strings.ReplaceAll(holdHeader(cfg), "\n", " "))
+	fmt.Fprintln(w, "| backend | N | TTL | acquired | acquire | process CPU/min | server CPU/min | conns | heap/lease | lost | release |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range results {
+		conns := strconv.Itoa(r.Conns)
+		if r.Conns < 0 {
+			conns = "-"
+		}
+		fmt.Fprintf(w, "| %s | %d | %v | %d | %s | %s | %s | %s | %d B | %d | %s |\n", r.Backend, r.N, r.TTL, r.Acquired,
+			FormatDuration(r.Acquire), FormatDuration(r.ProcessCPU), cpuText(r.ServerCPU), conns, r.HeapPerLease, r.Lost,
+			FormatDuration(r.Release))
+	}
+	_, err := fmt.Fprintf(w, "\n%s\n", strings.ReplaceAll(holdNotes, "\n", " "))
+	for _, r := range results {
+		for _, e := range r.Errors {
+			fmt.Fprintf(w, "\nERROR %s N=%d %s\n", r.Backend, r.N, e)
+		}
+	}
+	return err
+}
+
 // WriteHoldText writes the results as a table.
 func WriteHoldText(w io.Writer, cfg HoldConfig, results []HoldResult) error {
 	cfg = cfg.withDefaults()
-	fmt.Fprintf(w, "dlock bench hold: one Locker takes N names with %d goroutines (TTL %v or the backend's minimum, watchdog on,\n%v budget), holds them %v, releases them\n",
-		cfg.Workers, cfg.TTL, cfg.Budget, cfg.Hold)
-	if cfg.Hogs > 0 {
-		fmt.Fprintf(w, "with %d CPU-bound processes (busy loops) running beside it on %d cores\n", cfg.Hogs, runtime.NumCPU())
-	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "dlock bench hold: %s\n\n", holdHeader(cfg))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "backend\tN\tTTL\tacquired\tacquire\tprocess CPU/min\tserver CPU/min\tconns\theap/lease\tlost\trelease")
 	for _, r := range results {
@@ -327,9 +399,7 @@ func WriteHoldText(w io.Writer, cfg HoldConfig, results []HoldResult) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\nCPU per minute of holding (process: this one, user+system; server: the containers' cgroups, '-' for\n"+
-		"servers not started here). conns: this process's TCP connections to the servers while holding. heap/lease: live\n"+
-		"heap growth after the acquisitions over N. lost: leases that ended while held (must be 0).")
+	fmt.Fprintf(w, "\n%s\n", holdNotes)
 	for _, r := range results {
 		for _, e := range r.Errors {
 			fmt.Fprintf(w, "ERROR %s N=%d %s\n", r.Backend, r.N, e)
