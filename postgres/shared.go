@@ -94,20 +94,24 @@ type session struct {
 	users int       // under set.mu: leases, and acquisitions under way
 	empty time.Time // under set.mu: since when users is 0
 
-	mu        sync.Mutex
-	leases    map[*sharedLease]struct{}
-	ttls      map[time.Duration]int // the leases' TTLs, counted
-	ttl       time.Duration         // idle_session_timeout as last set
-	lastSent  time.Time             // when the last statement was sent
-	idle      time.Time             // when the last statement ended
-	busy      bool
-	gone      bool
-	watching  bool
-	stopping  bool
-	watched   chan struct{}
-	err       error         // why it ended
-	pending   []*releaseReq // releases waiting for the run slot
-	refreshes []*refreshReq // refreshes waiting for the run slot
+	mu       sync.Mutex
+	leases   map[*sharedLease]struct{}
+	ttls     map[time.Duration]int // the leases' TTLs, counted
+	ttl      time.Duration         // idle_session_timeout as last set
+	lastSent time.Time             // when the last statement was sent
+	// nextExpiry is at or before the earliest lastSent+ttl of the leases
+	// (zero: no lease to look at), so that the sweep looks at every lease
+	// only once one may have expired, not every round (see sweep)
+	nextExpiry time.Time
+	idle       time.Time // when the last statement ended
+	busy       bool
+	gone       bool
+	watching   bool
+	stopping   bool
+	watched    chan struct{}
+	err        error         // why it ended
+	pending    []*releaseReq // releases waiting for the run slot
+	refreshes  []*refreshReq // refreshes waiting for the run slot
 }
 
 // sharedLease is the Handle of a lock held on a shared session.
@@ -479,6 +483,7 @@ func (sess *session) try(ctx context.Context, req dlockdriver.Request, key, ms s
 		}
 		granted = true
 		h.lastSent = sent
+		sess.noteExpiryLocked(sent.Add(req.TTL))
 		sess.leases[h] = struct{}{}
 		sess.ttls[req.TTL]++
 	}
@@ -700,9 +705,18 @@ func (sess *session) sweep(now time.Time) {
 		return
 	}
 	var expired []*sharedLease
-	for h := range sess.leases {
-		if !now.Before(h.lastSent.Add(h.ttl)) {
-			expired = append(expired, h)
+	if !sess.nextExpiry.IsZero() && !now.Before(sess.nextExpiry) {
+		// One may have expired: look at each, and note the earliest
+		// expiry of the others. Leases the watchdog refreshes make this
+		// one pass every two thirds of a TTL or so, not every round.
+		sess.nextExpiry = time.Time{}
+		for h := range sess.leases {
+			at := h.lastSent.Add(h.ttl)
+			if !now.Before(at) {
+				expired = append(expired, h)
+			} else {
+				sess.noteExpiryLocked(at)
+			}
 		}
 	}
 	if !sess.watching && now.Sub(sess.idle) >= watchDelay {
@@ -723,13 +737,26 @@ func (sess *session) sweep(now time.Time) {
 	}
 }
 
+// noteExpiryLocked makes sure the sweep looks at the leases by at; sess.mu
+// is held.
+func (sess *session) noteExpiryLocked(at time.Time) {
+	if sess.nextExpiry.IsZero() || at.Before(sess.nextExpiry) {
+		sess.nextExpiry = at
+	}
+}
+
 // expire unlocks a lease left unrefreshed past its TTL, as the server would
 // have ended its own session, and reports it lost.
 func (h *sharedLease) expire() {
 	sess := h.s
 	_, _ = sess.call(context.Background(), func() {
 		sess.mu.Lock()
-		if h.gone || time.Now().Before(h.lastSent.Add(h.ttl)) {
+		if h.gone {
+			sess.mu.Unlock()
+			return
+		}
+		if at := h.lastSent.Add(h.ttl); time.Now().Before(at) {
+			sess.noteExpiryLocked(at) // refreshed since the sweep looked
 			sess.mu.Unlock()
 			return
 		}
@@ -893,11 +920,15 @@ func (sess *session) refreshPending() {
 	for _, r := range reqs {
 		for i, h := range r.hs {
 			if r.errs[i] == nil && !h.gone {
-				if sess.ttls[h.ttl]--; sess.ttls[h.ttl] <= 0 {
-					delete(sess.ttls, h.ttl)
+				if t := r.ttls[i]; t != h.ttl {
+					if sess.ttls[h.ttl]--; sess.ttls[h.ttl] <= 0 {
+						delete(sess.ttls, h.ttl)
+					}
+					sess.ttls[t]++
+					h.ttl = t
+					sess.noteExpiryLocked(sent.Add(t))
 				}
-				sess.ttls[r.ttls[i]]++
-				h.ttl, h.lastSent = r.ttls[i], sent
+				h.lastSent = sent
 			} else if r.errs[i] == nil {
 				r.errs[i] = h.notHeld("refresh", errSessionGone)
 			}

@@ -307,3 +307,44 @@ func TestSharedSameNameTwice(t *testing.T) {
 		t.Fatalf("second Acquire after the release: %v", err)
 	}
 }
+
+// A lease left unrefreshed on a shared session that other leases keep
+// alive is unlocked by the driver once its own TTL has passed, never
+// before its ValidUntil, and reported lost; its neighbour holds on. Its TTL
+// was shortened by a refresh (6s to 1s), so a sweep that still went by the
+// TTL of the acquisition would free it about 5s late.
+func TestSharedUnrefreshedLeaseExpires(t *testing.T) {
+	addr := servers.Require(t, servers.Postgres).Addr()
+	ctx := testCtx(t)
+	l := openShared(t, ctx, addr, "&shared_conns=1")
+	prefix := "shared-unrefreshed-" + rand.Text()[:8] + "-"
+	keeper, err := l.TryAcquire(ctx, prefix+"keeper", &dlock.Options{TTL: 6 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := l.TryAcquire(ctx, prefix+"left", &dlock.Options{TTL: 6 * time.Second, NoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawConn(t, addr)
+	if a, b := holderPID(t, raw, prefix+"keeper"), holderPID(t, raw, prefix+"left"); a != b {
+		t.Fatalf("the leases are on backends %d and %d, want one (shared_conns=1)", a, b)
+	}
+	if err := left.Refresh(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	refreshed := time.Now()
+	validUntil := left.ValidUntil()
+	lost := lostWithin(t, left, 3*time.Second)
+	if lost.Before(validUntil) {
+		t.Fatalf("lease reported lost %v before its ValidUntil", validUntil.Sub(lost))
+	}
+	waitEntries(t, raw, prefix+"left", 3*time.Second-time.Since(refreshed))
+	t.Logf("unrefreshed lease lost %v and freed on the server %v after its refresh to 1s", lost.Sub(refreshed), time.Since(refreshed))
+	if held, err := keeper.Held(ctx); err != nil || !held {
+		t.Fatalf("keeper: Held = %v, %v; want held", held, err)
+	}
+	if err := keeper.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
