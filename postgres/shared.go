@@ -876,7 +876,7 @@ func (sess *session) refreshPending() {
 	// The session's timeout covers the leases' TTLs before and after: a
 	// lease's TTL changes only once the statement is answered.
 	live := 0
-	ttl := sess.maxTTLLocked(0)
+	ttl, cur := sess.maxTTLLocked(0), sess.ttl
 	for _, r := range reqs {
 		for i, h := range r.hs {
 			if h.gone {
@@ -891,14 +891,23 @@ func (sess *session) refreshPending() {
 	if live == 0 {
 		return
 	}
-	ms, _ := millis(ttl)
 	sent := time.Now()
 	var pid int32
-	var idle *string
-	err := sess.c.Conn().QueryRow(context.Background(), sharedRefreshSQL, sess.pid, ms).Scan(&pid, &idle)
-	if err == nil && idle == nil {
-		err = fmt.Errorf("%w: lease taken on backend %d, refresh ran on backend %d", ErrPooler, sess.pid, pid)
-		sess.lose(err)
+	var err error
+	if sess.set.d.checkPID && ttl == cur {
+		// The timeout stays: any message the server answers restarts it,
+		// and a Sync alone costs least (see keepAlive). The connection
+		// goes straight to the server: its backend is the one whose pid
+		// the set-up and every acquisition on it checked.
+		err = keepAlive(context.Background(), sess.pg)
+	} else {
+		ms, _ := millis(ttl)
+		var idle *string
+		err = sess.c.Conn().QueryRow(context.Background(), sharedRefreshSQL, sess.pid, ms).Scan(&pid, &idle)
+		if err == nil && idle == nil {
+			err = fmt.Errorf("%w: lease taken on backend %d, refresh ran on backend %d", ErrPooler, sess.pid, pid)
+			sess.lose(err)
+		}
 	}
 	if err != nil {
 		gone := sess.failed(err) || sess.isGone()
@@ -1095,39 +1104,61 @@ func (d sharedDriver) Capabilities() dlock.Capabilities {
 	return c
 }
 
-// RefreshBatch implements dlockdriver.BatchRefresher.
+// RefreshBatch implements dlockdriver.BatchRefresher: one statement per
+// session of the batch (with the batches queued for it meanwhile).
 func (d sharedDriver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle, ttls []time.Duration) ([]time.Duration, []error) {
 	errs := make([]error, len(hs))
 	type group struct {
+		s   *session
+		n   int
 		idx []int
 		hs  []*sharedLease
 		tt  []time.Duration
 	}
-	groups := make(map[*session]*group)
+	// A Locker has a few sessions per TTL: a list, looked up from the last
+	// one found (a batch's leases come in runs of one session); counted
+	// first, so that each group's slices are made once.
+	var groups []*group
+	var last *group
+	find := func(s *session) *group {
+		if last != nil && last.s == s {
+			return last
+		}
+		for _, g := range groups {
+			if g.s == s {
+				last = g
+				return g
+			}
+		}
+		last = &group{s: s}
+		groups = append(groups, last)
+		return last
+	}
 	var wg sync.WaitGroup
 	for i, x := range hs {
-		h, ok := x.(*sharedLease)
-		if !ok {
-			// A lease on a connection of its own (a wait's, another kind's)
-			// refreshes alone, as without batches.
-			wg.Go(func() { _, errs[i] = x.Refresh(ctx, ttls[i]) })
+		if h, ok := x.(*sharedLease); ok {
+			find(h.s).n++
 			continue
 		}
-		g := groups[h.s]
-		if g == nil {
-			g = &group{}
-			groups[h.s] = g
-		}
-		g.idx, g.hs, g.tt = append(g.idx, i), append(g.hs, h), append(g.tt, ttls[i])
+		// A lease on a connection of its own (a wait's, another kind's)
+		// refreshes alone, as without batches.
+		wg.Go(func() { _, errs[i] = x.Refresh(ctx, ttls[i]) })
 	}
-	for sess, g := range groups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j, err := range sess.refresh(ctx, g.hs, g.tt) {
+	for _, g := range groups {
+		g.idx, g.hs, g.tt = make([]int, 0, g.n), make([]*sharedLease, 0, g.n), make([]time.Duration, 0, g.n)
+	}
+	for i, x := range hs {
+		if h, ok := x.(*sharedLease); ok {
+			g := find(h.s)
+			g.idx, g.hs, g.tt = append(g.idx, i), append(g.hs, h), append(g.tt, ttls[i])
+		}
+	}
+	for _, g := range groups {
+		wg.Go(func() {
+			for j, err := range g.s.refresh(ctx, g.hs, g.tt) {
 				errs[g.idx[j]] = err
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return nil, errs
