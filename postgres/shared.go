@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -112,12 +113,14 @@ type session struct {
 	err        error         // why it ended
 	pending    []*releaseReq // releases waiting for the run slot
 	refreshes  []*refreshReq // refreshes waiting for the run slot
+	unlock     unlockCall    // releasePending's fast-path call; the run slot is held
 }
 
 // sharedLease is the Handle of a lock held on a shared session.
 type sharedLease struct {
 	s    *session
 	key  string // KeyPrefix + name
+	keyB []byte // the lock's int8 key, in binary (fastUnlock's argument)
 	name string
 	// under s.mu
 	ttl       time.Duration
@@ -482,7 +485,7 @@ func (sess *session) try(ctx context.Context, req dlockdriver.Request, key, ms s
 			return
 		}
 		granted = true
-		h.lastSent = sent
+		h.lastSent, h.keyB = sent, r.key
 		sess.noteExpiryLocked(sent.Add(req.TTL))
 		sess.leases[h] = struct{}{}
 		sess.ttls[req.TTL]++
@@ -1051,8 +1054,17 @@ func (sess *session) releasePending() {
 		return
 	}
 	oks := make([]*bool, 0, len(sent))
-	rows, err := sess.c.Conn().Query(context.Background(), sharedReleaseSQL, sess.pid, keys)
-	if err == nil {
+	var rows pgx.Rows
+	var err error
+	if len(sent) == 1 && sess.set.d.checkPID && sent[0].h.keyB != nil {
+		// One release: a fast-path call of pg_advisory_unlock, as a
+		// dedicated lease's (see fastUnlock), on the backend that the
+		// set-up and every acquisition on this connection checked.
+		var ok bool
+		if ok, err = fastUnlock(context.Background(), sess.pg, &sess.unlock, sent[0].h.keyB); err == nil {
+			oks = append(oks, &ok)
+		}
+	} else if rows, err = sess.c.Conn().Query(context.Background(), sharedReleaseSQL, sess.pid, keys); err == nil {
 		for rows.Next() {
 			var ok *bool
 			if err = rows.Scan(&ok); err != nil {
