@@ -348,3 +348,62 @@ func TestSharedUnrefreshedLeaseExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Semaphore permits keep a connection each with shared sessions on (a
+// permit's slot lock is re-entrant on its session, so permits cannot
+// stack): asked for 1,000 permits of a semaphore of limit 1,000, a Locker
+// whose pool has 8 connections grants at most 8 (fewer: its shared session
+// has one), then fails at once with ErrResourceLimit naming pool_max_conns,
+// not waiting for its ctx; locks keep being granted on the shared session
+// meanwhile, and a permit's release makes room again.
+func TestSharedPermitsBoundedByPool(t *testing.T) {
+	addr := servers.Require(t, servers.Postgres).Addr()
+	ctx := testCtx(t)
+	l := openShared(t, ctx, addr, "&pool_max_conns=8")
+	prefix := "shared-permits-" + rand.Text()[:8] + "-"
+	lock, err := l.TryAcquire(ctx, prefix+"lock", nil) // the shared session
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem, err := l.Semaphore(prefix+"sem", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var permits []*dlock.Lease
+	var limitErr error
+	for range 1000 {
+		start := time.Now()
+		p, err := sem.TryAcquire(ctx, nil)
+		if err != nil {
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("the failed permit took %v", took)
+			}
+			limitErr = err
+			break
+		}
+		permits = append(permits, p)
+	}
+	if !errors.Is(limitErr, dlock.ErrResourceLimit) || !strings.Contains(fmt.Sprint(limitErr), "pool_max_conns") {
+		t.Fatalf("after %d permits: %v; want ErrResourceLimit naming pool_max_conns", len(permits), limitErr)
+	}
+	if len(permits) < 1 || len(permits) > 7 {
+		t.Fatalf("%d permits granted on a pool of 8 with a shared session, want 1 to 7", len(permits))
+	}
+	t.Logf("%d permits, then: %v", len(permits), limitErr)
+	more, err := l.TryAcquire(ctx, prefix+"lock2", nil) // on the shared session: no connection needed
+	if err != nil {
+		t.Fatalf("a lock with the pool full of permits: %v", err)
+	}
+	if err := permits[0].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := sem.TryAcquire(ctx, nil)
+	if err != nil {
+		t.Fatalf("a permit after one was released: %v", err)
+	}
+	for _, ls := range append(permits[1:], p, lock, more) {
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
