@@ -61,6 +61,7 @@ type sharedSet struct {
 	mu       sync.Mutex
 	classes  map[string][]*session // by the TTL, in ms, of their first acquisition
 	held     map[string]struct{}   // key texts held or being taken on a shared session
+	busy     map[string]time.Time  // key texts an Acquire found held elsewhere, and when (see acquire)
 	all      map[*session]struct{}
 	sweeping bool
 }
@@ -76,6 +77,7 @@ func newSharedSet(d *driver, conns, waits int) *sharedSet {
 		d: d, perClass: conns, waits: make(chan struct{}, waits), nWaits: waits,
 		classes: make(map[string][]*session),
 		held:    make(map[string]struct{}),
+		busy:    make(map[string]time.Time),
 		all:     make(map[*session]struct{}),
 	}
 }
@@ -147,6 +149,17 @@ func (s *sharedSet) acquire(ctx context.Context, req dlockdriver.Request, ms str
 		}
 		return nil, dlockdriver.Busy(0)
 	}
+	if at, ok := s.busy[key]; ok && wait {
+		// Found held elsewhere a moment ago: wait at once on a connection
+		// of its own, if one is free, rather than try on a shared session
+		// first (a round trip and a transaction more, on a session the
+		// other leases share), as Acquires of a contended name would.
+		if time.Since(at) < busyFor && s.takeWaitSlot() {
+			s.mu.Unlock()
+			return s.waitWithSlot(ctx, req, ms, key)
+		}
+		delete(s.busy, key)
+	}
 	s.held[key] = struct{}{}
 	sess, created := s.pickLocked(ms)
 	s.mu.Unlock()
@@ -165,8 +178,22 @@ func (s *sharedSet) acquire(ctx context.Context, req dlockdriver.Request, ms str
 	case !wait:
 		return nil, dlockdriver.Busy(0)
 	}
+	s.mu.Lock()
+	if len(s.busy) >= maxBusy {
+		clear(s.busy)
+	}
+	s.busy[key] = time.Now()
+	s.mu.Unlock()
 	return s.waitDedicated(ctx, req, ms)
 }
+
+// An Acquire of a name that an Acquire of the Locker found held elsewhere
+// within busyFor waits at once on a connection of its own (see acquire);
+// the Locker remembers maxBusy such names at most.
+const (
+	busyFor = time.Second
+	maxBusy = 1024
+)
 
 // pickLocked chooses a session of the class ms, counting the acquisition
 // as its user: a new one while the class has fewer than perClass and all
@@ -250,18 +277,43 @@ func (s *sharedSet) removeLocked(sess *session) {
 // own, one of at most nWaits: past them it fails at once with
 // dlock.ErrResourceLimit. The lock granted stays on that connection.
 func (s *sharedSet) waitDedicated(ctx context.Context, req dlockdriver.Request, ms string) (*dlockdriver.Grant, error) {
-	select {
-	case s.waits <- struct{}{}:
-	default:
+	if !s.takeWaitSlot() {
 		return nil, fmt.Errorf("%w: postgres: all %d waiting connections are in use (each Acquire that finds its lock busy waits on one, and keeps it for the lease it is granted): raise wait_conns, within pool_max_conns",
 			dlock.ErrResourceLimit, s.nWaits)
 	}
+	return s.waitWithSlot(ctx, req, ms, "")
+}
+
+// takeWaitSlot takes a place among the waiting connections, if one is free.
+func (s *sharedSet) takeWaitSlot() bool {
+	select {
+	case s.waits <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitWithSlot is waitDedicated with its place taken. key, when not empty,
+// is the name's key text, found held elsewhere a moment ago: a grant that
+// did not wait forgets that, one that waited remembers it again.
+func (s *sharedSet) waitWithSlot(ctx context.Context, req dlockdriver.Request, ms, key string) (*dlockdriver.Grant, error) {
 	g, err := s.d.acquireConn(ctx, req, ms, true)
 	if err != nil {
 		<-s.waits
 		return nil, err
 	}
-	g.Handle.(*lease).waitSlot.Store(true)
+	h := g.Handle.(*lease)
+	h.waitSlot.Store(true)
+	if key != "" {
+		s.mu.Lock()
+		if h.waited < 0.001 {
+			delete(s.busy, key)
+		} else {
+			s.busy[key] = time.Now() // it waited: still contended
+		}
+		s.mu.Unlock()
+	}
 	return g, nil
 }
 

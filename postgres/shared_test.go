@@ -407,3 +407,58 @@ func TestSharedPermitsBoundedByPool(t *testing.T) {
 		}
 	}
 }
+
+// An Acquire of a name that the Locker's last Acquire of it found held
+// elsewhere waits at once on a connection of its own, without a try on the
+// shared session first (whose last statement stays as it was), and is
+// granted in turn.
+func TestSharedBusyNameWaitsAtOnce(t *testing.T) {
+	addr := servers.Require(t, servers.Postgres).Addr()
+	ctx := testCtx(t)
+	l := openShared(t, ctx, addr, "&shared_conns=1")
+	prefix := "shared-busy-" + rand.Text()[:8] + "-"
+	other, err := l.TryAcquire(ctx, prefix+"other", &dlock.Options{NoRefresh: true}) // the shared session
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawConn(t, addr)
+	shared := holderPID(t, raw, prefix+"other")
+	lastStatement := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := raw.QueryRow(ctx, "SELECT query_start FROM pg_stat_activity WHERE pid = $1", shared).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	name := prefix + "busy"
+	holder := rawConn(t, addr)
+	for round := range 2 {
+		if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", name); err != nil {
+			t.Fatal(err)
+		}
+		before := lastStatement()
+		got := acquireAsync(ctx, l, name, nil)
+		waiting(t, raw, name, 1)
+		tried := lastStatement().After(before)
+		switch {
+		case round == 0 && !tried:
+			t.Fatal("the first Acquire of the busy name ran no statement on the shared session")
+		case round == 1 && tried:
+			t.Fatal("the second Acquire of the busy name tried on the shared session first")
+		}
+		if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", name); err != nil {
+			t.Fatal(err)
+		}
+		r := granted(t, got, 10*time.Second)
+		if pid := holderPID(t, raw, name); pid == shared {
+			t.Fatalf("round %d: the lease waited for was granted on the shared session", round)
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
