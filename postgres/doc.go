@@ -306,7 +306,9 @@
 //     them the Acquire fails at once with dlock.ErrResourceLimit naming
 //     wait_conns), and wait in pg_advisory_lock there, in the server's FIFO
 //     queue (a try-lock never overtakes its waiters); the lock granted stays
-//     on that connection until its release. Waiting on the server hears the
+//     on that connection until its release. An Acquire of a name that the
+//     Locker found held elsewhere within the last second waits that way at
+//     once, without the try, while one of WaitConns is free. Waiting on the server hears the
 //     release of every holder (other processes, psql) in order, which a
 //     notification sent by this driver's releases would not; moving a granted
 //     lock to a shared session would leave it free for a moment.
@@ -346,16 +348,15 @@
 // with a busy loop beside it).
 //
 // Why shared sessions are not the default: measured on one server, taking
-// turns with a connection per lease (dlock bench -peers, load 5-6 on 2
-// cores), uncontended acquire+release and handoff are about equal, but
-// acquisitions of a contended name run at about half the rate (1,068 and
-// 1,194 ops/s against 1,926 and 3,377: an Acquire of a busy name first
-// tries on its shared session, a round trip and a transaction more, then
-// waits on a connection of its own) and of independent names at about two
-// thirds (3,192 and 3,585 against 5,198 and 5,334; not profiled yet: a
-// shared session's statements go through its one-at-a-time queue, with a
-// goroutine each when their ctx can end, where a dedicated lease's go
-// straight to its connection). And they
+// turns with a connection per lease (dlock bench -peers, and 8 Lockers
+// acquiring and releasing, load 5-9 on 2 cores), uncontended
+// acquire+release and handoff are about equal, but acquisitions cost more
+// client CPU: of a contended name 1-22% more per operation (every Acquire
+// tried on its shared session first, 70% more, until a busy name waited at
+// once), of independent names up to 40% more, at parity to two thirds of
+// the rate across runs (not profiled yet: a shared session's statements go
+// through its one-at-a-time queue, with a goroutine each when their ctx can
+// end, where a dedicated lease's go straight to its connection). And they
 // change what a user sees: the shortest TTL is SharedMinTTL rather than
 // MinTTL, and more than WaitConns waiting Acquires at once fail with
 // dlock.ErrResourceLimit where the pool would have served pool_max_conns.
