@@ -343,7 +343,7 @@
 //
 // Costs, measured at 10,000 leases of TTL 3s on 2 cores (dlock bench hold,
 // November 2026): 4 connections, about 180 refresh exchanges a second (the
-// Locker's batches of 256, one Sync per session each), 2.2-2.7s of process
+// Locker's batches of 256, one Sync per session each), 2.2-2.9s of process
 // CPU and 0.3-0.4s of server CPU per minute of holding, none lost (also
 // with a busy loop beside it).
 //
