@@ -23,3 +23,6 @@ func RunListening(ctx context.Context, pg *pgconn.PgConn, sql string) (notified 
 type ignoreRow struct{}
 
 func (ignoreRow) decode([][]byte) error { return nil }
+
+// KeepAlive is keepAlive.
+func KeepAlive(ctx context.Context, pg *pgconn.PgConn) error { return keepAlive(ctx, pg) }

@@ -618,8 +618,12 @@ func (d *driver) conn(ctx context.Context) (*pgxpool.Conn, error) {
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
 		if actx.Err() != nil {
-			return nil, fmt.Errorf("%w: postgres: all %d connections of the pool are in use (each lease and each wait holds one): raise pool_max_conns, within the server's max_connections",
-				dlock.ErrResourceLimit, d.pool.Config().MaxConns)
+			holders := "each lease and each wait holds one"
+			if d.shared != nil {
+				holders = "each shared session, each wait, and each permit, read/write lock or lease with metadata holds one"
+			}
+			return nil, fmt.Errorf("%w: postgres: all %d connections of the pool are in use (%s): raise pool_max_conns, within the server's max_connections",
+				dlock.ErrResourceLimit, d.pool.Config().MaxConns, holders)
 		}
 		return nil, fmt.Errorf("postgres: getting a connection: %w", err)
 	}

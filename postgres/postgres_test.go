@@ -243,6 +243,36 @@ func fence(t testing.TB, ls *dlock.Lease) uint64 {
 
 func itoa(n int32) string { return fmt.Sprint(n) }
 
+// The shared sessions' keep-alive, a Sync message alone, restarts the
+// session's idle_session_timeout as a statement does: a session with a 1s
+// timeout sent one every 250ms outlives 3s and is usable after, and ends
+// once they stop; on a terminated session it fails and closes the
+// connection.
+func TestKeepAlive(t *testing.T) {
+	ctx := testCtx(t)
+	srv := servers.Require(t, servers.Postgres)
+	c := rawConn(t, srv.Addr())
+	if _, err := c.Exec(ctx, "SET idle_session_timeout = 1000"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for time.Since(start) < 3*time.Second {
+		if err := postgres.KeepAlive(ctx, c.PgConn()); err != nil {
+			t.Fatalf("after %v: %v", time.Since(start), err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	var one int
+	if err := c.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("the connection after keep-alives: %v", err)
+	}
+	// They stop: the server ends the session 1s later.
+	time.Sleep(2500 * time.Millisecond)
+	if err := postgres.KeepAlive(ctx, c.PgConn()); err == nil || !c.PgConn().IsClosed() {
+		t.Fatalf("keep-alive 2.5s after the last statement, on a session with a 1s idle_session_timeout: %v, connection closed %v; want an error and a closed connection", err, c.PgConn().IsClosed())
+	}
+}
+
 // The fast-path release (a FunctionCall of pg_advisory_unlock(bigint) by its
 // OID) unlocks the session's lock and leaves the connection usable; on a
 // session that does not hold the lock it answers false; an exchange cut

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -60,6 +61,7 @@ type sharedSet struct {
 	mu       sync.Mutex
 	classes  map[string][]*session // by the TTL, in ms, of their first acquisition
 	held     map[string]struct{}   // key texts held or being taken on a shared session
+	busy     map[string]time.Time  // key texts an Acquire found held elsewhere, and when (see acquire)
 	all      map[*session]struct{}
 	sweeping bool
 }
@@ -75,6 +77,7 @@ func newSharedSet(d *driver, conns, waits int) *sharedSet {
 		d: d, perClass: conns, waits: make(chan struct{}, waits), nWaits: waits,
 		classes: make(map[string][]*session),
 		held:    make(map[string]struct{}),
+		busy:    make(map[string]time.Time),
 		all:     make(map[*session]struct{}),
 	}
 }
@@ -94,26 +97,32 @@ type session struct {
 	users int       // under set.mu: leases, and acquisitions under way
 	empty time.Time // under set.mu: since when users is 0
 
-	mu        sync.Mutex
-	leases    map[*sharedLease]struct{}
-	ttls      map[time.Duration]int // the leases' TTLs, counted
-	ttl       time.Duration         // idle_session_timeout as last set
-	lastSent  time.Time             // when the last statement was sent
-	idle      time.Time             // when the last statement ended
-	busy      bool
-	gone      bool
-	watching  bool
-	stopping  bool
-	watched   chan struct{}
-	err       error         // why it ended
-	pending   []*releaseReq // releases waiting for the run slot
-	refreshes []*refreshReq // refreshes waiting for the run slot
+	mu       sync.Mutex
+	leases   map[*sharedLease]struct{}
+	ttls     map[time.Duration]int // the leases' TTLs, counted
+	ttl      time.Duration         // idle_session_timeout as last set
+	lastSent time.Time             // when the last statement was sent
+	// nextExpiry is at or before the earliest lastSent+ttl of the leases
+	// (zero: no lease to look at), so that the sweep looks at every lease
+	// only once one may have expired, not every round (see sweep)
+	nextExpiry time.Time
+	idle       time.Time // when the last statement ended
+	busy       bool
+	gone       bool
+	watching   bool
+	stopping   bool
+	watched    chan struct{}
+	err        error         // why it ended
+	pending    []*releaseReq // releases waiting for the run slot
+	refreshes  []*refreshReq // refreshes waiting for the run slot
+	unlock     unlockCall    // releasePending's fast-path call; the run slot is held
 }
 
 // sharedLease is the Handle of a lock held on a shared session.
 type sharedLease struct {
 	s    *session
 	key  string // KeyPrefix + name
+	keyB []byte // the lock's int8 key, in binary (fastUnlock's argument)
 	name string
 	// under s.mu
 	ttl       time.Duration
@@ -140,6 +149,17 @@ func (s *sharedSet) acquire(ctx context.Context, req dlockdriver.Request, ms str
 		}
 		return nil, dlockdriver.Busy(0)
 	}
+	if at, ok := s.busy[key]; ok && wait {
+		// Found held elsewhere a moment ago: wait at once on a connection
+		// of its own, if one is free, rather than try on a shared session
+		// first (a round trip and a transaction more, on a session the
+		// other leases share), as Acquires of a contended name would.
+		if time.Since(at) < busyFor && s.takeWaitSlot() {
+			s.mu.Unlock()
+			return s.waitWithSlot(ctx, req, ms, key)
+		}
+		delete(s.busy, key)
+	}
 	s.held[key] = struct{}{}
 	sess, created := s.pickLocked(ms)
 	s.mu.Unlock()
@@ -158,8 +178,22 @@ func (s *sharedSet) acquire(ctx context.Context, req dlockdriver.Request, ms str
 	case !wait:
 		return nil, dlockdriver.Busy(0)
 	}
+	s.mu.Lock()
+	if len(s.busy) >= maxBusy {
+		clear(s.busy)
+	}
+	s.busy[key] = time.Now()
+	s.mu.Unlock()
 	return s.waitDedicated(ctx, req, ms)
 }
+
+// An Acquire of a name that an Acquire of the Locker found held elsewhere
+// within busyFor waits at once on a connection of its own (see acquire);
+// the Locker remembers maxBusy such names at most.
+const (
+	busyFor = time.Second
+	maxBusy = 1024
+)
 
 // pickLocked chooses a session of the class ms, counting the acquisition
 // as its user: a new one while the class has fewer than perClass and all
@@ -243,18 +277,43 @@ func (s *sharedSet) removeLocked(sess *session) {
 // own, one of at most nWaits: past them it fails at once with
 // dlock.ErrResourceLimit. The lock granted stays on that connection.
 func (s *sharedSet) waitDedicated(ctx context.Context, req dlockdriver.Request, ms string) (*dlockdriver.Grant, error) {
-	select {
-	case s.waits <- struct{}{}:
-	default:
+	if !s.takeWaitSlot() {
 		return nil, fmt.Errorf("%w: postgres: all %d waiting connections are in use (each Acquire that finds its lock busy waits on one, and keeps it for the lease it is granted): raise wait_conns, within pool_max_conns",
 			dlock.ErrResourceLimit, s.nWaits)
 	}
+	return s.waitWithSlot(ctx, req, ms, "")
+}
+
+// takeWaitSlot takes a place among the waiting connections, if one is free.
+func (s *sharedSet) takeWaitSlot() bool {
+	select {
+	case s.waits <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitWithSlot is waitDedicated with its place taken. key, when not empty,
+// is the name's key text, found held elsewhere a moment ago: a grant that
+// did not wait forgets that, one that waited remembers it again.
+func (s *sharedSet) waitWithSlot(ctx context.Context, req dlockdriver.Request, ms, key string) (*dlockdriver.Grant, error) {
 	g, err := s.d.acquireConn(ctx, req, ms, true)
 	if err != nil {
 		<-s.waits
 		return nil, err
 	}
-	g.Handle.(*lease).waitSlot.Store(true)
+	h := g.Handle.(*lease)
+	h.waitSlot.Store(true)
+	if key != "" {
+		s.mu.Lock()
+		if h.waited < 0.001 {
+			delete(s.busy, key)
+		} else {
+			s.busy[key] = time.Now() // it waited: still contended
+		}
+		s.mu.Unlock()
+	}
 	return g, nil
 }
 
@@ -478,7 +537,8 @@ func (sess *session) try(ctx context.Context, req dlockdriver.Request, key, ms s
 			return
 		}
 		granted = true
-		h.lastSent = sent
+		h.lastSent, h.keyB = sent, r.key
+		sess.noteExpiryLocked(sent.Add(req.TTL))
 		sess.leases[h] = struct{}{}
 		sess.ttls[req.TTL]++
 	}
@@ -700,9 +760,18 @@ func (sess *session) sweep(now time.Time) {
 		return
 	}
 	var expired []*sharedLease
-	for h := range sess.leases {
-		if !now.Before(h.lastSent.Add(h.ttl)) {
-			expired = append(expired, h)
+	if !sess.nextExpiry.IsZero() && !now.Before(sess.nextExpiry) {
+		// One may have expired: look at each, and note the earliest
+		// expiry of the others. Leases the watchdog refreshes make this
+		// one pass every two thirds of a TTL or so, not every round.
+		sess.nextExpiry = time.Time{}
+		for h := range sess.leases {
+			at := h.lastSent.Add(h.ttl)
+			if !now.Before(at) {
+				expired = append(expired, h)
+			} else {
+				sess.noteExpiryLocked(at)
+			}
 		}
 	}
 	if !sess.watching && now.Sub(sess.idle) >= watchDelay {
@@ -723,13 +792,26 @@ func (sess *session) sweep(now time.Time) {
 	}
 }
 
+// noteExpiryLocked makes sure the sweep looks at the leases by at; sess.mu
+// is held.
+func (sess *session) noteExpiryLocked(at time.Time) {
+	if sess.nextExpiry.IsZero() || at.Before(sess.nextExpiry) {
+		sess.nextExpiry = at
+	}
+}
+
 // expire unlocks a lease left unrefreshed past its TTL, as the server would
 // have ended its own session, and reports it lost.
 func (h *sharedLease) expire() {
 	sess := h.s
 	_, _ = sess.call(context.Background(), func() {
 		sess.mu.Lock()
-		if h.gone || time.Now().Before(h.lastSent.Add(h.ttl)) {
+		if h.gone {
+			sess.mu.Unlock()
+			return
+		}
+		if at := h.lastSent.Add(h.ttl); time.Now().Before(at) {
+			sess.noteExpiryLocked(at) // refreshed since the sweep looked
 			sess.mu.Unlock()
 			return
 		}
@@ -849,7 +931,7 @@ func (sess *session) refreshPending() {
 	// The session's timeout covers the leases' TTLs before and after: a
 	// lease's TTL changes only once the statement is answered.
 	live := 0
-	ttl := sess.maxTTLLocked(0)
+	ttl, cur := sess.maxTTLLocked(0), sess.ttl
 	for _, r := range reqs {
 		for i, h := range r.hs {
 			if h.gone {
@@ -864,14 +946,23 @@ func (sess *session) refreshPending() {
 	if live == 0 {
 		return
 	}
-	ms, _ := millis(ttl)
 	sent := time.Now()
 	var pid int32
-	var idle *string
-	err := sess.c.Conn().QueryRow(context.Background(), sharedRefreshSQL, sess.pid, ms).Scan(&pid, &idle)
-	if err == nil && idle == nil {
-		err = fmt.Errorf("%w: lease taken on backend %d, refresh ran on backend %d", ErrPooler, sess.pid, pid)
-		sess.lose(err)
+	var err error
+	if sess.set.d.checkPID && ttl == cur {
+		// The timeout stays: any message the server answers restarts it,
+		// and a Sync alone costs least (see keepAlive). The connection
+		// goes straight to the server: its backend is the one whose pid
+		// the set-up and every acquisition on it checked.
+		err = keepAlive(context.Background(), sess.pg)
+	} else {
+		ms, _ := millis(ttl)
+		var idle *string
+		err = sess.c.Conn().QueryRow(context.Background(), sharedRefreshSQL, sess.pid, ms).Scan(&pid, &idle)
+		if err == nil && idle == nil {
+			err = fmt.Errorf("%w: lease taken on backend %d, refresh ran on backend %d", ErrPooler, sess.pid, pid)
+			sess.lose(err)
+		}
 	}
 	if err != nil {
 		gone := sess.failed(err) || sess.isGone()
@@ -893,11 +984,15 @@ func (sess *session) refreshPending() {
 	for _, r := range reqs {
 		for i, h := range r.hs {
 			if r.errs[i] == nil && !h.gone {
-				if sess.ttls[h.ttl]--; sess.ttls[h.ttl] <= 0 {
-					delete(sess.ttls, h.ttl)
+				if t := r.ttls[i]; t != h.ttl {
+					if sess.ttls[h.ttl]--; sess.ttls[h.ttl] <= 0 {
+						delete(sess.ttls, h.ttl)
+					}
+					sess.ttls[t]++
+					h.ttl = t
+					sess.noteExpiryLocked(sent.Add(t))
 				}
-				sess.ttls[r.ttls[i]]++
-				h.ttl, h.lastSent = r.ttls[i], sent
+				h.lastSent = sent
 			} else if r.errs[i] == nil {
 				r.errs[i] = h.notHeld("refresh", errSessionGone)
 			}
@@ -1011,8 +1106,17 @@ func (sess *session) releasePending() {
 		return
 	}
 	oks := make([]*bool, 0, len(sent))
-	rows, err := sess.c.Conn().Query(context.Background(), sharedReleaseSQL, sess.pid, keys)
-	if err == nil {
+	var rows pgx.Rows
+	var err error
+	if len(sent) == 1 && sess.set.d.checkPID && sent[0].h.keyB != nil {
+		// One release: a fast-path call of pg_advisory_unlock, as a
+		// dedicated lease's (see fastUnlock), on the backend that the
+		// set-up and every acquisition on this connection checked.
+		var ok bool
+		if ok, err = fastUnlock(context.Background(), sess.pg, &sess.unlock, sent[0].h.keyB); err == nil {
+			oks = append(oks, &ok)
+		}
+	} else if rows, err = sess.c.Conn().Query(context.Background(), sharedReleaseSQL, sess.pid, keys); err == nil {
 		for rows.Next() {
 			var ok *bool
 			if err = rows.Scan(&ok); err != nil {
@@ -1064,39 +1168,61 @@ func (d sharedDriver) Capabilities() dlock.Capabilities {
 	return c
 }
 
-// RefreshBatch implements dlockdriver.BatchRefresher.
+// RefreshBatch implements dlockdriver.BatchRefresher: one statement per
+// session of the batch (with the batches queued for it meanwhile).
 func (d sharedDriver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle, ttls []time.Duration) ([]time.Duration, []error) {
 	errs := make([]error, len(hs))
 	type group struct {
+		s   *session
+		n   int
 		idx []int
 		hs  []*sharedLease
 		tt  []time.Duration
 	}
-	groups := make(map[*session]*group)
+	// A Locker has a few sessions per TTL: a list, looked up from the last
+	// one found (a batch's leases come in runs of one session); counted
+	// first, so that each group's slices are made once.
+	var groups []*group
+	var last *group
+	find := func(s *session) *group {
+		if last != nil && last.s == s {
+			return last
+		}
+		for _, g := range groups {
+			if g.s == s {
+				last = g
+				return g
+			}
+		}
+		last = &group{s: s}
+		groups = append(groups, last)
+		return last
+	}
 	var wg sync.WaitGroup
 	for i, x := range hs {
-		h, ok := x.(*sharedLease)
-		if !ok {
-			// A lease on a connection of its own (a wait's, another kind's)
-			// refreshes alone, as without batches.
-			wg.Go(func() { _, errs[i] = x.Refresh(ctx, ttls[i]) })
+		if h, ok := x.(*sharedLease); ok {
+			find(h.s).n++
 			continue
 		}
-		g := groups[h.s]
-		if g == nil {
-			g = &group{}
-			groups[h.s] = g
-		}
-		g.idx, g.hs, g.tt = append(g.idx, i), append(g.hs, h), append(g.tt, ttls[i])
+		// A lease on a connection of its own (a wait's, another kind's)
+		// refreshes alone, as without batches.
+		wg.Go(func() { _, errs[i] = x.Refresh(ctx, ttls[i]) })
 	}
-	for sess, g := range groups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j, err := range sess.refresh(ctx, g.hs, g.tt) {
+	for _, g := range groups {
+		g.idx, g.hs, g.tt = make([]int, 0, g.n), make([]*sharedLease, 0, g.n), make([]time.Duration, 0, g.n)
+	}
+	for i, x := range hs {
+		if h, ok := x.(*sharedLease); ok {
+			g := find(h.s)
+			g.idx, g.hs, g.tt = append(g.idx, i), append(g.hs, h), append(g.tt, ttls[i])
+		}
+	}
+	for _, g := range groups {
+		wg.Go(func() {
+			for j, err := range g.s.refresh(ctx, g.hs, g.tt) {
 				errs[g.idx[j]] = err
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return nil, errs

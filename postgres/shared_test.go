@@ -307,3 +307,158 @@ func TestSharedSameNameTwice(t *testing.T) {
 		t.Fatalf("second Acquire after the release: %v", err)
 	}
 }
+
+// A lease left unrefreshed on a shared session that other leases keep
+// alive is unlocked by the driver once its own TTL has passed, never
+// before its ValidUntil, and reported lost; its neighbour holds on. Its TTL
+// was shortened by a refresh (6s to 1s), so a sweep that still went by the
+// TTL of the acquisition would free it about 5s late.
+func TestSharedUnrefreshedLeaseExpires(t *testing.T) {
+	addr := servers.Require(t, servers.Postgres).Addr()
+	ctx := testCtx(t)
+	l := openShared(t, ctx, addr, "&shared_conns=1")
+	prefix := "shared-unrefreshed-" + rand.Text()[:8] + "-"
+	keeper, err := l.TryAcquire(ctx, prefix+"keeper", &dlock.Options{TTL: 6 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := l.TryAcquire(ctx, prefix+"left", &dlock.Options{TTL: 6 * time.Second, NoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawConn(t, addr)
+	if a, b := holderPID(t, raw, prefix+"keeper"), holderPID(t, raw, prefix+"left"); a != b {
+		t.Fatalf("the leases are on backends %d and %d, want one (shared_conns=1)", a, b)
+	}
+	if err := left.Refresh(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	refreshed := time.Now()
+	validUntil := left.ValidUntil()
+	lost := lostWithin(t, left, 3*time.Second)
+	if lost.Before(validUntil) {
+		t.Fatalf("lease reported lost %v before its ValidUntil", validUntil.Sub(lost))
+	}
+	waitEntries(t, raw, prefix+"left", 3*time.Second-time.Since(refreshed))
+	t.Logf("unrefreshed lease lost %v and freed on the server %v after its refresh to 1s", lost.Sub(refreshed), time.Since(refreshed))
+	if held, err := keeper.Held(ctx); err != nil || !held {
+		t.Fatalf("keeper: Held = %v, %v; want held", held, err)
+	}
+	if err := keeper.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Semaphore permits keep a connection each with shared sessions on (a
+// permit's slot lock is re-entrant on its session, so permits cannot
+// stack): asked for 1,000 permits of a semaphore of limit 1,000, a Locker
+// whose pool has 8 connections grants at most 8 (fewer: its shared session
+// has one), then fails at once with ErrResourceLimit naming pool_max_conns,
+// not waiting for its ctx; locks keep being granted on the shared session
+// meanwhile, and a permit's release makes room again.
+func TestSharedPermitsBoundedByPool(t *testing.T) {
+	addr := servers.Require(t, servers.Postgres).Addr()
+	ctx := testCtx(t)
+	l := openShared(t, ctx, addr, "&pool_max_conns=8")
+	prefix := "shared-permits-" + rand.Text()[:8] + "-"
+	lock, err := l.TryAcquire(ctx, prefix+"lock", nil) // the shared session
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem, err := l.Semaphore(prefix+"sem", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var permits []*dlock.Lease
+	var limitErr error
+	for range 1000 {
+		start := time.Now()
+		p, err := sem.TryAcquire(ctx, nil)
+		if err != nil {
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("the failed permit took %v", took)
+			}
+			limitErr = err
+			break
+		}
+		permits = append(permits, p)
+	}
+	if !errors.Is(limitErr, dlock.ErrResourceLimit) || !strings.Contains(fmt.Sprint(limitErr), "pool_max_conns") {
+		t.Fatalf("after %d permits: %v; want ErrResourceLimit naming pool_max_conns", len(permits), limitErr)
+	}
+	if len(permits) < 1 || len(permits) > 7 {
+		t.Fatalf("%d permits granted on a pool of 8 with a shared session, want 1 to 7", len(permits))
+	}
+	t.Logf("%d permits, then: %v", len(permits), limitErr)
+	more, err := l.TryAcquire(ctx, prefix+"lock2", nil) // on the shared session: no connection needed
+	if err != nil {
+		t.Fatalf("a lock with the pool full of permits: %v", err)
+	}
+	if err := permits[0].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := sem.TryAcquire(ctx, nil)
+	if err != nil {
+		t.Fatalf("a permit after one was released: %v", err)
+	}
+	for _, ls := range append(permits[1:], p, lock, more) {
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// An Acquire of a name that the Locker's last Acquire of it found held
+// elsewhere waits at once on a connection of its own, without a try on the
+// shared session first (whose last statement stays as it was), and is
+// granted in turn.
+func TestSharedBusyNameWaitsAtOnce(t *testing.T) {
+	addr := servers.Require(t, servers.Postgres).Addr()
+	ctx := testCtx(t)
+	l := openShared(t, ctx, addr, "&shared_conns=1")
+	prefix := "shared-busy-" + rand.Text()[:8] + "-"
+	other, err := l.TryAcquire(ctx, prefix+"other", &dlock.Options{NoRefresh: true}) // the shared session
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawConn(t, addr)
+	shared := holderPID(t, raw, prefix+"other")
+	lastStatement := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := raw.QueryRow(ctx, "SELECT query_start FROM pg_stat_activity WHERE pid = $1", shared).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	name := prefix + "busy"
+	holder := rawConn(t, addr)
+	for round := range 2 {
+		if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", name); err != nil {
+			t.Fatal(err)
+		}
+		before := lastStatement()
+		got := acquireAsync(ctx, l, name, nil)
+		waiting(t, raw, name, 1)
+		tried := lastStatement().After(before)
+		switch {
+		case round == 0 && !tried:
+			t.Fatal("the first Acquire of the busy name ran no statement on the shared session")
+		case round == 1 && tried:
+			t.Fatal("the second Acquire of the busy name tried on the shared session first")
+		}
+		if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", name); err != nil {
+			t.Fatal(err)
+		}
+		r := granted(t, got, 10*time.Second)
+		if pid := holderPID(t, raw, name); pid == shared {
+			t.Fatalf("round %d: the lease waited for was granted on the shared session", round)
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -206,8 +206,35 @@ var binaryFormat = []uint16{1}
 // connection, set when it ends (one AfterFunc, where pgx would watch ctx with
 // a goroutine for every message read).
 func fastUnlock(ctx context.Context, pg *pgconn.PgConn, call *unlockCall, key []byte) (unlocked bool, err error) {
+	call.args[0] = key
+	call.msg = pgproto3.FunctionCall{Function: oidAdvisoryUnlock, ArgFormatCodes: binaryFormat, Arguments: call.args[:], ResultFormatCode: 1}
+	err = fastCall(ctx, pg, &call.msg, func(b []byte) (err error) {
+		unlocked, err = decodeBool(b)
+		return err
+	})
+	return unlocked, err
+}
+
+// syncMsg is keepAlive's message.
+var syncMsg pgproto3.Sync
+
+// keepAlive sends pg a Sync message alone, which the server answers with
+// ReadyForQuery: outside a transaction it starts none (so it costs the
+// server least: no statement, and no transaction end, which walks every
+// lock the session holds), and like any message it restarts the session's
+// idle_session_timeout. It says nothing of which backend answered: only for
+// a connection that goes straight to the server, whose backend pid a
+// statement checked. ctx and a failure are as in fastUnlock.
+func keepAlive(ctx context.Context, pg *pgconn.PgConn) error {
+	return fastCall(ctx, pg, &syncMsg, nil)
+}
+
+// fastCall sends msg, a fast-path function call (or a Sync: decode nil), on
+// pg and hands its result (valid during the call only) to decode; see
+// fastUnlock.
+func fastCall(ctx context.Context, pg *pgconn.PgConn, msg pgproto3.FrontendMessage, decode func([]byte) error) (err error) {
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return err
 	}
 	synced := false
 	var stop func() bool
@@ -235,25 +262,23 @@ func fastUnlock(ctx context.Context, pg *pgconn.PgConn, call *unlockCall, key []
 			cancel()
 		}
 	}()
-	call.args[0] = key
-	call.msg = pgproto3.FunctionCall{Function: oidAdvisoryUnlock, ArgFormatCodes: binaryFormat, Arguments: call.args[:], ResultFormatCode: 1}
 	fe := pg.Frontend()
-	fe.Send(&call.msg)
+	fe.Send(msg)
 	if err := fe.Flush(); err != nil {
-		return false, err
+		return err
 	}
 	got := false
 	var serr error // the server's error, or the result's
 	for {
-		msg, err := pg.ReceiveMessage(context.Background()) // see ctx above
+		m, err := pg.ReceiveMessage(context.Background()) // see ctx above
 		if err != nil {
-			return false, errors.Join(serr, err)
+			return errors.Join(serr, err)
 		}
-		switch m := msg.(type) {
+		switch m := m.(type) {
 		case *pgproto3.FunctionCallResponse:
 			if !got {
 				got = true
-				unlocked, serr = decodeBool(m.Result)
+				serr = decode(m.Result)
 			}
 		case *pgproto3.ErrorResponse:
 			serr = pgconn.ErrorResponseToPgError(m)
@@ -261,11 +286,11 @@ func fastUnlock(ctx context.Context, pg *pgconn.PgConn, call *unlockCall, key []
 			synced = true
 			switch {
 			case serr != nil:
-				return false, serr
-			case !got:
-				return false, errNoRow
+				return serr
+			case !got && decode != nil:
+				return errNoRow
 			}
-			return unlocked, nil
+			return nil
 		}
 	}
 }
