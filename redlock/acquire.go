@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // acqReply is one node's answer during an acquisition: to the acquire
@@ -512,12 +513,19 @@ func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []strin
 
 // acquireIn is acquire bounded by nctx, a detached context made by nodeCtx.
 func (nd *node) acquireIn(nctx context.Context, keys []string, token string, px int64, own string, regs []any, waitToken string, adopt bool) acqReply {
-	adoptArg := "0"
-	if adopt {
-		adoptArg = "1"
+	var cmd *goredis.Cmd
+	if own == "" && len(regs) == 0 && waitToken == "" && !adopt {
+		// An uncontended TryAcquire: the script takes the rest as empty.
+		cmd = acquireScript.Run(nctx, nd.c, keys, token, px)
+	} else {
+		adoptArg := "0"
+		if adopt {
+			adoptArg = "1"
+		}
+		args := append([]any{token, px, own, queueTTL.Milliseconds(), waitToken, adoptArg}, regs...)
+		cmd = acquireScript.Run(nctx, nd.c, keys, args...)
 	}
-	args := append([]any{token, px, own, queueTTL.Milliseconds(), waitToken, adoptArg}, regs...)
-	v, err := acquireScript.Run(nctx, nd.c, keys, args...).Slice()
+	v, err := cmd.Slice()
 	if err != nil {
 		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
 	}
