@@ -2,13 +2,19 @@ package redis_test
 
 import (
 	"context"
+	"math/rand/v2"
+	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/bsm/redislock"
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/redis"
+	"github.com/go-redsync/redsync/v4"
+	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -179,4 +185,128 @@ func cleanupPrefix(c *goredis.Client, prefix string) {
 		c.Del(ctx, keys[:n]...)
 		keys = keys[n:]
 	}
+}
+
+// BenchmarkPeers runs, in a random order each iteration (so that no one
+// always follows the same, say redsync's goroutines winding down), a dlock
+// cycle (default options, the watchdog on), the same two scripts sent
+// without the Locker ("scripts": what is left of dlock's cycle is the
+// engine's and the driver's Go code), a bsm/redislock cycle (Obtain,
+// Release) and a go-redsync cycle (TryLockContext, UnlockContext; one pool),
+// each on a client of its own made alike. It reports each p50 and mean,
+// heap allocations per cycle, and dlock over the best peer (issue 22: p50 ≤
+// 1.05×, mean ≤ 1/0.95×). The CPU profile's samples carry a label "client"
+// naming whose cycle they are (go tool pprof -tagfocus client=dlock).
+//
+//	go test -run '^$' -bench Peers -benchtime 5000x -cpuprofile cpu.out ./redis/
+func BenchmarkPeers(b *testing.B) {
+	ctx := context.Background()
+	addr := redisAddr(b)
+	prefix := "dlockbench:" + randomHex(4) + ":"
+	dc, wc, rc, sc := benchClientAt(b, addr), benchClientAt(b, addr), benchClientAt(b, addr), benchClientAt(b, addr)
+	l, err := redis.New(dc, &redis.Options{KeyPrefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close(ctx)
+	defer cleanupPrefix(dc, prefix)
+	rl := redislock.New(rc)
+	rs := redsync.New(redsyncgoredis.NewPool(sc))
+	wkeys := []string{prefix + "{scripts}", prefix + "{scripts}:fence", prefix + "{scripts}:queue", prefix + "{scripts}:waiters", prefix + "{scripts}:meta"}
+	cycles := []struct {
+		name string
+		run  func() error
+	}{
+		{"dlock", func() error {
+			ls, err := l.TryAcquire(ctx, "peers", nil)
+			if err != nil {
+				return err
+			}
+			return ls.Release(ctx)
+		}},
+		{"scripts", func() error {
+			tok := "0123456789abcdef0123456789abcdef"
+			if err := redis.AcquireScript.Run(ctx, wc, wkeys, tok, dlock.DefaultTTL.Milliseconds(), 0).Err(); err != nil {
+				return err
+			}
+			return redis.ReleaseScript.Run(ctx, wc, wkeys, tok).Err()
+		}},
+		{"redislock", func() error {
+			lk, err := rl.Obtain(ctx, prefix+"redislock", dlock.DefaultTTL, nil)
+			if err != nil {
+				return err
+			}
+			return lk.Release(ctx)
+		}},
+		{"redsync", func() error {
+			m := rs.NewMutex(prefix+"redsync", redsync.WithExpiry(dlock.DefaultTTL))
+			if err := m.TryLockContext(ctx); err != nil {
+				return err
+			}
+			_, err := m.UnlockContext(ctx)
+			return err
+		}},
+	}
+	const peers = 2 // the last two
+	ms := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	allocs := make([]uint64, len(cycles))
+	lat := make([]latencies, len(cycles))
+	sums := make([]time.Duration, len(cycles))
+	labels := make([]context.Context, len(cycles))
+	for i, c := range cycles {
+		labels[i] = pprof.WithLabels(ctx, pprof.Labels("client", c.name))
+		lat[i] = make(latencies, 0, b.N)
+		for range 100 { // warm up: scripts loaded, pools dialled
+			if err := c.run(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		for _, k := range rand.Perm(len(cycles)) {
+			pprof.SetGoroutineLabels(labels[k])
+			metrics.Read(ms)
+			a := ms[0].Value.Uint64()
+			start := time.Now()
+			if err := cycles[k].run(); err != nil {
+				b.Fatalf("%s: %v", cycles[k].name, err)
+			}
+			d := time.Since(start)
+			metrics.Read(ms)
+			allocs[k] += ms[0].Value.Uint64() - a
+			lat[k] = append(lat[k], d)
+			sums[k] += d
+		}
+	}
+	b.StopTimer()
+	pprof.SetGoroutineLabels(ctx)
+	p50 := make([]time.Duration, len(cycles))
+	bestP50, bestMean := time.Duration(0), time.Duration(0)
+	for i, c := range cycles {
+		slices.Sort(lat[i])
+		p50[i] = lat[i][len(lat[i])/2]
+		b.ReportMetric(float64(p50[i].Nanoseconds()), c.name+"-p50-ns")
+		b.ReportMetric(float64(sums[i].Nanoseconds())/float64(b.N), c.name+"-mean-ns")
+		b.ReportMetric(float64(allocs[i])/float64(b.N), c.name+"-allocs")
+		if i >= len(cycles)-peers {
+			if bestP50 == 0 || p50[i] < bestP50 {
+				bestP50 = p50[i]
+			}
+			if bestMean == 0 || sums[i] < bestMean {
+				bestMean = sums[i]
+			}
+		}
+	}
+	b.ReportMetric(float64(p50[0])/float64(bestP50), "p50/best")
+	b.ReportMetric(float64(sums[0])/float64(bestMean), "mean/best")
+}
+
+// benchClientAt is a client of its own on addr, its pool warmed.
+func benchClientAt(b *testing.B, addr string) *goredis.Client {
+	c := newClient(b, addr)
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
+	return c
 }

@@ -22,3 +22,10 @@ var (
 	RefreshSHA      = refreshScript.Hash()
 	RefreshBatchSHA = refreshBatchScript.Hash()
 )
+
+// AcquireScript and ReleaseScript are the lock's scripts, for the benchmark
+// that calls them without the Locker (BenchmarkPeers' "scripts").
+var (
+	AcquireScript = acquireScript
+	ReleaseScript = releaseScript
+)

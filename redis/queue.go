@@ -60,19 +60,22 @@ type reply struct {
 
 // acquire runs acquire.lua in the default layout; wait (0: TryAcquire) is
 // how long the caller's queue entry lives; meta is the caller's metadata.
-func (d *driver) acquire(ctx context.Context, keys []string, token any, ttl, wait time.Duration, meta string) (reply, error) {
+func (d *driver) acquire(ctx context.Context, keys []string, boxed []any, token any, ttl, wait time.Duration, meta string) (reply, error) {
 	px := millis(ttl)
 	r := reply{px: px}
+	if boxed == nil {
+		boxed = boxKeys(keys)
+	}
 	var cmd *goredis.Cmd
 	switch {
 	case meta != "" && wait > 0:
-		cmd = acquireScript.Run(ctx, d.c, keys, token, px, millis(wait), d.grants, meta)
+		cmd = acquireScript.run(ctx, d.c, boxed, token, px, millis(wait), d.grants, meta)
 	case meta != "":
-		cmd = acquireScript.Run(ctx, d.c, keys, token, px, 0, "", meta)
+		cmd = acquireScript.run(ctx, d.c, boxed, token, px, 0, "", meta)
 	case wait > 0:
-		cmd = acquireScript.Run(ctx, d.c, keys, token, px, millis(wait), d.grants)
+		cmd = acquireScript.run(ctx, d.c, boxed, token, px, millis(wait), d.grants)
 	default:
-		cmd = acquireScript.Run(ctx, d.c, keys, token, px, 0)
+		cmd = acquireScript.run(ctx, d.c, boxed, token, px, 0)
 	}
 	v, err := cmd.Int64Slice()
 	if err == nil && (len(v) < 2 || (v[0] == replyBusy && len(v) < 3)) {
@@ -160,7 +163,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 			floor = sent
 		}
 		sentAny = true
-		r, err := d.acquire(ctx, keys, token, req.TTL, wait, req.Metadata)
+		r, err := d.acquire(ctx, keys, nil, token, req.TTL, wait, req.Metadata)
 		if err == nil && r.kind == replyBusy {
 			floor, known = sent, r.fence
 		}
@@ -232,7 +235,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 			// Our grant, or else anything (a release past dead entries, a
 			// lost connection, a stale grant): look again.
 			if f := x.fence.Load(); f > known {
-				return withSent(d.grant(keys, token, millis(req.TTL), f, meta), floor), nil
+				return withSent(d.grant(keys, nil, token, millis(req.TTL), f, meta), floor), nil
 			}
 		case <-timer.C:
 		}
@@ -242,7 +245,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 // waitGrant is the grant of a wait that acquire.lua granted (sent: this
 // call's send time) or found handed over already (floor).
 func (d *driver) waitGrant(keys []string, token any, r reply, sent, floor time.Time, meta bool) *dlockdriver.Grant {
-	g := d.grant(keys, token, r.px, r.fence, meta)
+	g := d.grant(keys, nil, token, r.px, r.fence, meta)
 	g.Sent = sent
 	if r.kind == replyHeld {
 		g.Sent = floor
@@ -268,7 +271,7 @@ func (q *queueDriver) leave(ctx context.Context, keys []string, token any, ttl t
 		defer q.bg.Done()
 		defer close(done)
 		defer cancel()
-		_ = q.release(lctx, keys, token, meta).Err()
+		_ = q.release(lctx, keys, nil, token, meta).Err()
 	}()
 	t := time.NewTimer(min(ttl, leaveWait))
 	defer t.Stop()

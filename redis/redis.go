@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,11 +23,11 @@ import (
 var (
 	//go:embed acquire.lua
 	acquireLua    string
-	acquireScript = goredis.NewScript(acquireLua)
+	acquireScript = newScript(acquireLua)
 
 	//go:embed release.lua
 	releaseLua    string
-	releaseScript = goredis.NewScript(releaseLua)
+	releaseScript = newScript(releaseLua)
 
 	//go:embed refresh.lua
 	refreshLua    string
@@ -244,21 +245,26 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		if n <= 0 {
 			return nil, busy(n)
 		}
-		return d.grant(keys, token, px, 0, false), nil
+		return d.grant(keys, nil, token, px, 0, false), nil
 	}
-	r, err := d.acquire(ctx, keys, token, req.TTL, 0, req.Metadata)
+	boxed := boxKeys(keys) // for the acquire script and, when granted, the lease's release
+	r, err := d.acquire(ctx, keys, boxed, token, req.TTL, 0, req.Metadata)
 	if err != nil {
 		return nil, err
 	}
 	if r.kind == replyBusy {
 		return nil, busy(r.busy)
 	}
-	return d.grant(keys, token, r.px, r.fence, req.Metadata != ""), nil
+	return d.grant(keys, boxed, token, r.px, r.fence, req.Metadata != ""), nil
 }
 
-// grant is a lock's grant; meta: the lease stored metadata (default layout).
-func (d *driver) grant(keys []string, token any, px int64, fence uint64, meta bool) *dlockdriver.Grant {
-	h := &handle{d: d, keys: keys, token: token, refreshKeys: keys[:1]}
+// grant is a lock's grant; boxed: keys boxed (nil: boxed here); meta: the
+// lease stored metadata (default layout).
+func (d *driver) grant(keys []string, boxed []any, token any, px int64, fence uint64, meta bool) *dlockdriver.Grant {
+	if boxed == nil {
+		boxed = boxKeys(keys)
+	}
+	h := &handle{d: d, keys: keys, boxed: boxed, token: token, refreshKeys: keys[:1]}
 	if meta {
 		h.meta, h.refreshKeys = true, []string{keys[0], keys[4]}
 	}
@@ -292,7 +298,7 @@ func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
 		return d.abandonKind(ctx, req, "")
 	}
 	keys := d.keys(req.Name)
-	if err := d.release(ctx, keys, req.Token, req.Metadata != "" && !d.compat).Err(); err != nil {
+	if err := d.release(ctx, keys, nil, req.Token, req.Metadata != "" && !d.compat).Err(); err != nil {
 		return fmt.Errorf("redis: abandoning an attempt on %q: %w", keys[0], err)
 	}
 	return nil
@@ -380,19 +386,65 @@ func (d *driver) Close() error {
 	return err
 }
 
-// release runs release.lua for token; meta: the lease (or the wait) has
-// metadata.
-func (d *driver) release(ctx context.Context, keys []string, token any, meta bool) *goredis.Cmd {
-	if meta {
-		return releaseScript.Run(ctx, d.c, keys, token, "m")
+// release runs release.lua for token; boxed: keys boxed (nil: boxed here);
+// meta: the lease (or the wait) has metadata.
+func (d *driver) release(ctx context.Context, keys []string, boxed []any, token any, meta bool) *goredis.Cmd {
+	if boxed == nil {
+		boxed = boxKeys(keys)
 	}
-	return releaseScript.Run(ctx, d.c, keys, token)
+	if meta {
+		return releaseScript.run(ctx, d.c, boxed, token, "m")
+	}
+	return releaseScript.run(ctx, d.c, boxed, token)
+}
+
+// boxKeys returns keys as the any values a command's arguments are, boxed
+// once for every call of a lease rather than by go-redis at each call (a
+// string boxed is an allocation).
+func boxKeys(keys []string) []any {
+	b := make([]any, len(keys))
+	for i, k := range keys {
+		b[i] = k
+	}
+	return b
+}
+
+// script is a Lua script with its hash, boxed once.
+type script struct {
+	*goredis.Script
+	sha, src any
+}
+
+func newScript(src string) *script {
+	s := goredis.NewScript(src)
+	return &script{Script: s, sha: s.Hash(), src: src}
+}
+
+// run is goredis.Script.Run (EVALSHA, then EVAL when the server does not
+// have the script) on keys already boxed: one allocation for the arguments
+// rather than one per key and per string.
+func (s *script) run(ctx context.Context, c goredis.UniversalClient, keys []any, args ...any) *goredis.Cmd {
+	a := make([]any, 3, 3+len(keys)+len(args))
+	a[0], a[1], a[2] = "evalsha", s.sha, len(keys)
+	a = append(append(a, keys...), args...)
+	cmd := goredis.NewCmd(ctx, a...)
+	cmd.SetFirstKeyPos(3)
+	_ = c.Process(ctx, cmd)
+	if err := cmd.Err(); errors.Is(err, goredis.ErrNoScript) || goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		a = slices.Clone(a)
+		a[0], a[1] = "eval", s.src
+		cmd = goredis.NewCmd(ctx, a...)
+		cmd.SetFirstKeyPos(3)
+		_ = c.Process(ctx, cmd)
+	}
+	return cmd
 }
 
 // handle is one held lease: its keys and token.
 type handle struct {
 	d           *driver
 	keys        []string // the layout's keys, lock key first
+	boxed       []any    // keys, boxed
 	token       any      // the lease token, a string
 	meta        bool     // the lease stored metadata (default layout)
 	refreshKeys []string // the lock key, and the metadata key when meta
@@ -411,7 +463,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 }
 
 func (h *handle) Release(ctx context.Context) error {
-	n, err := h.d.release(ctx, h.keys, h.token, h.meta).Int64()
+	n, err := h.d.release(ctx, h.keys, h.boxed, h.token, h.meta).Int64()
 	if err != nil {
 		return fmt.Errorf("redis: releasing %q: %w", h.keys[0], err)
 	}

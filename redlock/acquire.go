@@ -7,10 +7,12 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // acqReply is one node's answer during an acquisition: to the acquire
@@ -53,6 +55,12 @@ type acquisition struct {
 	own     *releaseWatch // the attempt's wait, or else the one waiter of this Locker on the name, if there is one
 	wait    *releaseWatch // the attempt's wait, when it has a hand-off token
 	adopt   bool          // take over nodes handed to the wait (see acquire.lua)
+
+	// first bounds every node's first request, detached from the caller's
+	// ctx; the last of them to end cancels it.
+	first       context.Context
+	cancelFirst context.CancelFunc
+	firstLeft   atomic.Int32
 
 	replies chan acqReply
 	again   []chan struct{} // 1-buffered: run the acquire script on the node again
@@ -133,6 +141,8 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		a.again[i] = make(chan struct{}, 1)
 		a.fences[i] = make(chan uint64, 1)
 	}
+	a.first, a.cancelFirst = nodeCtx(ctx, a.timeout, true)
+	a.firstLeft.Store(int32(n))
 	for i := range n {
 		a.ask(ctx, i)
 	}
@@ -151,6 +161,7 @@ func (a *acquisition) ask(ctx context.Context, i int) {
 		defer d.bg.Done()
 		defer close(a.h.acquired[i])
 		var adopted bool
+		first := true
 		for {
 			own, regs := "", a.regs
 			if a.own != nil {
@@ -164,7 +175,19 @@ func (a *acquisition) ask(ctx context.Context, i int) {
 			if a.wait != nil {
 				waitToken = a.wait.id
 			}
-			r := nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px, own, regs, waitToken, a.adopt)
+			var r acqReply
+			if first {
+				// Every node's first request shares one bound: they all
+				// leave now (a timer per request costs more than the rest
+				// of the client's work).
+				r = nd.acquireIn(a.first, a.keys, a.req.Token, a.px, own, regs, waitToken, a.adopt)
+				first = false
+				if a.firstLeft.Add(-1) == 0 {
+					a.cancelFirst()
+				}
+			} else {
+				r = nd.acquire(ctx, a.timeout, a.keys, a.req.Token, a.px, own, regs, waitToken, a.adopt)
+			}
 			if own != "" {
 				a.own.untrack(i, r.granted)
 			}
@@ -485,12 +508,24 @@ func (a *acquisition) refused(why outcome) error {
 func (nd *node) acquire(ctx context.Context, timeout time.Duration, keys []string, token string, px int64, own string, regs []any, waitToken string, adopt bool) acqReply {
 	nctx, cancel := nodeCtx(ctx, timeout, true)
 	defer cancel()
-	adoptArg := "0"
-	if adopt {
-		adoptArg = "1"
+	return nd.acquireIn(nctx, keys, token, px, own, regs, waitToken, adopt)
+}
+
+// acquireIn is acquire bounded by nctx, a detached context made by nodeCtx.
+func (nd *node) acquireIn(nctx context.Context, keys []string, token string, px int64, own string, regs []any, waitToken string, adopt bool) acqReply {
+	var cmd *goredis.Cmd
+	if own == "" && len(regs) == 0 && waitToken == "" && !adopt {
+		// An uncontended TryAcquire: the script takes the rest as empty.
+		cmd = acquireScript.Run(nctx, nd.c, keys, token, px)
+	} else {
+		adoptArg := "0"
+		if adopt {
+			adoptArg = "1"
+		}
+		args := append([]any{token, px, own, queueTTL.Milliseconds(), waitToken, adoptArg}, regs...)
+		cmd = acquireScript.Run(nctx, nd.c, keys, args...)
 	}
-	args := append([]any{token, px, own, queueTTL.Milliseconds(), waitToken, adoptArg}, regs...)
-	v, err := acquireScript.Run(nctx, nd.c, keys, args...).Slice()
+	v, err := cmd.Slice()
 	if err != nil {
 		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
 	}

@@ -17,11 +17,13 @@
 -- ARGV[7], ARGV[8], ...  pairs of a score and a ticket: the caller's
 --          Locker's waiters on the name, registered in the queue (ZADD NX:
 --          a ticket keeps its place) when the lock is busy
+-- ARGV[3] to ARGV[6] are left out by an attempt with no ticket, no wait and
+-- no waiters to register (an uncontended TryAcquire): as "", "", "", "0".
 --
 -- The counter is INCRed with every grant (a SET NX here, an adoption, or a
 -- hand-off in release.lua); a missing counter (the name's first use on the
--- node, or a restart without persistence that lost it) starts at the
--- server's TIME in µs. Grants of one name come at most one per round trip,
+-- node, or a restart without persistence that lost it: INCR makes it 1)
+-- starts at the server's TIME in µs. Grants of one name come at most one per round trip,
 -- so a counter never outruns the µs elapsed since it started: a node that
 -- lost its counter starts again above every token handed out before it was
 -- lost, as long as the nodes' clocks agree to within the time since then.
@@ -39,18 +41,19 @@
 --                       time in ms (-1: no expiry), holder the value the key
 --                       holds ("" when it is not a string)
 local function granted(tag)
-	if ARGV[3] ~= "" then
+	if ARGV[3] and ARGV[3] ~= "" then
 		redis.call("ZREM", KEYS[2], ARGV[3])
 	end
 	if not KEYS[3] then
 		return {1, 0, tag}
 	end
-	if redis.call("EXISTS", KEYS[3]) == 1 then
-		return {1, redis.call("INCR", KEYS[3]), tag}
+	local f = redis.call("INCR", KEYS[3])
+	if f == 1 then
+		-- The counter was missing: start it at the server's clock.
+		local t = redis.call("TIME")
+		f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+		redis.call("SET", KEYS[3], string.format("%d", f))
 	end
-	local t = redis.call("TIME")
-	local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-	redis.call("SET", KEYS[3], string.format("%d", f))
 	return {1, f, tag}
 end
 local function counter()
@@ -69,7 +72,7 @@ elseif holder == ARGV[1] then
 	-- This attempt's own lock: the client sent the script again after a
 	-- connection error had lost the reply to its first run.
 	return {1, counter()}
-elseif ARGV[5] ~= "" and holder == ARGV[5] then
+elseif ARGV[5] and ARGV[5] ~= "" and holder == ARGV[5] then
 	if ARGV[6] == "1" then
 		redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 		return granted("adopted")

@@ -3,6 +3,8 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,6 +15,9 @@ import (
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/redis"
 	"github.com/dlock/dlock/redlock"
+	"github.com/go-redsync/redsync/v4"
+	redsyncredis "github.com/go-redsync/redsync/v4/redis"
+	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -182,4 +187,91 @@ func BenchmarkRatio(b *testing.B) {
 	b.ReportMetric(float64(s.Nanoseconds()), "redis-p50-ns")
 	b.ReportMetric(float64(r)/float64(f), "redlock/floor")
 	b.ReportMetric(float64(r)/float64(s), "redlock/redis")
+}
+
+// BenchmarkPeers alternates, in a random order each iteration, a dlock
+// cycle on the 5 nodes (default options, the watchdog on) and a
+// go-redsync cycle (TryLockContext, UnlockContext; one pool per node, its
+// own clients made alike), and reports each p50 and mean, the p50 of the
+// acquisition alone, and the ratios dlock/redsync (issue 22: p50 ≤ 1.05×,
+// mean ≤ 1/0.95×). The CPU
+// profile's samples carry a label "client" naming whose cycle they are
+// (go tool pprof -tagfocus client=dlock).
+//
+//	DLOCK_REQUIRE_BACKENDS=1 go test -run '^$' -bench Peers -benchtime 3000x ./redlock/
+func BenchmarkPeers(b *testing.B) {
+	ctx := context.Background()
+	cs := benchClients(b)
+	prefix := "dlockbench:" + randomHex(4) + ":"
+	l := newLocker(b, cs, &redlock.Options{KeyPrefix: prefix})
+	pools := make([]redsyncredis.Pool, len(cs))
+	for i, c := range cs {
+		pc := newClient(b, c.(*goredis.Client).Options().Addr)
+		if err := pc.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		pools[i] = redsyncgoredis.NewPool(pc)
+	}
+	rs := redsync.New(pools...)
+	acqs := make([][]time.Duration, 2)
+	cycles := []struct {
+		name string
+		run  func() error
+	}{
+		{"dlock", func() error {
+			t := time.Now()
+			ls, err := l.TryAcquire(ctx, "peers", nil)
+			if err != nil {
+				return err
+			}
+			acqs[0] = append(acqs[0], time.Since(t))
+			return ls.Release(ctx)
+		}},
+		{"redsync", func() error {
+			t := time.Now()
+			m := rs.NewMutex(prefix+"redsync", redsync.WithExpiry(dlock.DefaultTTL))
+			if err := m.TryLockContext(ctx); err != nil {
+				return err
+			}
+			acqs[1] = append(acqs[1], time.Since(t))
+			_, err := m.UnlockContext(ctx)
+			return err
+		}},
+	}
+	lat := make([][]time.Duration, len(cycles))
+	sums := make([]time.Duration, len(cycles))
+	labels := make([]context.Context, len(cycles))
+	for i, c := range cycles {
+		labels[i] = pprof.WithLabels(ctx, pprof.Labels("client", c.name))
+		lat[i] = make([]time.Duration, 0, b.N)
+		for range 20 { // warm up: scripts loaded, pools dialled
+			if err := c.run(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	acqs[0], acqs[1] = acqs[0][:0], acqs[1][:0]
+	b.ResetTimer()
+	for range b.N {
+		for _, k := range rand.Perm(len(cycles)) { // no one always follows the same
+			pprof.SetGoroutineLabels(labels[k])
+			start := time.Now()
+			if err := cycles[k].run(); err != nil {
+				b.Fatalf("%s: %v", cycles[k].name, err)
+			}
+			d := time.Since(start)
+			lat[k] = append(lat[k], d)
+			sums[k] += d
+		}
+	}
+	b.StopTimer()
+	pprof.SetGoroutineLabels(ctx)
+	for i, c := range cycles {
+		b.ReportMetric(float64(p50(lat[i]).Nanoseconds()), c.name+"-p50-ns")
+		b.ReportMetric(float64(sums[i].Nanoseconds())/float64(b.N), c.name+"-mean-ns")
+	}
+	b.ReportMetric(float64(p50(lat[0]))/float64(p50(lat[1])), "p50/redsync")
+	b.ReportMetric(float64(p50(acqs[0])), "dlock-acq-p50-ns")
+	b.ReportMetric(float64(p50(acqs[1])), "redsync-acq-p50-ns")
+	b.ReportMetric(float64(sums[0])/float64(sums[1]), "mean/redsync")
 }

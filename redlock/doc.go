@@ -219,9 +219,10 @@
 // removes its ticket (on a majority before its Acquire returns, on the rest
 // in the background); a queue nobody registers in for a minute expires.
 // Without a confirmed majority of subscriptions, waiters poll between
-// RetryMin and RetryMax. Waiters of older versions, which listen on the
-// name's release channel, are told of every release there, but do not
-// queue.
+// RetryMin and RetryMax. A release with nobody queued publishes nothing
+// (waiters of versions before 2026-11-25, which listened on P{N}:released
+// without queueing, are no longer told: they look again when the holder's
+// TTL has passed).
 //
 // A dead waiter costs nothing (its Locker no longer listens, so its ticket
 // is skipped), but a waiter cut off from a node while that node still sees
@@ -259,14 +260,11 @@
 //	                pub/sub channel: "<wait>:<counter>" for the wait of that
 //	                Locker a release hands the lock to (the lock key then
 //	                holds <wait>)
-//	P{N}:released   pub/sub channel: an empty message when a release
-//	                deletes the lock on that node (for waiters of older
-//	                versions)
 //
 // Compat layout (Options.Compat, URL compat=true), with P defaulting to "":
 //
 //	PN              string: the lease token, SET NX PX, compare-and-delete
-//	PN:waiters, PN:released:<locker>, PN:released
+//	PN:waiters, PN:released:<locker>
 //	                the waiters' queue and channels, as above (counter 0)
 //
 // The compat layout is github.com/go-redsync/redsync/v4's (a redsync.Mutex

@@ -610,22 +610,38 @@ func (h *handle) Release(ctx context.Context) error {
 		err     error
 	}
 	results := make([]result, n)
+	// The nodes whose part of the acquisition is over share one bound (a
+	// timer per request costs more than the rest of the client's work);
+	// the others get theirs once it is.
+	shared, cancel := nodeCtx(ctx, timeout, false)
+	defer cancel()
 	var wg sync.WaitGroup
 	for i, nd := range d.nodes {
 		if done[i] {
 			results[i].deleted = true
 			continue
 		}
+		nctx := shared
+		select {
+		case <-h.acquired[i]:
+		default:
+			nctx = nil
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			select {
-			case <-h.acquired[i]:
-			case <-ctx.Done():
-				results[i].err = fmt.Errorf("%s: %w", nd.name, ctx.Err())
-				return
+			if nctx == nil {
+				select {
+				case <-h.acquired[i]:
+				case <-ctx.Done():
+					results[i].err = fmt.Errorf("%s: %w", nd.name, ctx.Err())
+					return
+				}
+				var cancel context.CancelFunc
+				nctx, cancel = nodeCtx(ctx, timeout, false)
+				defer cancel()
 			}
-			results[i].deleted, results[i].err = nd.release(ctx, timeout, false, h.keys, h.token, true)
+			results[i].deleted, results[i].err = nd.releaseIn(nctx, h.keys, h.token, true)
 		}()
 	}
 	wg.Wait()
@@ -704,6 +720,11 @@ func (h *handle) Held(ctx context.Context) (bool, error) {
 func (nd *node) release(ctx context.Context, timeout time.Duration, detached bool, keys []string, token string, publish bool) (bool, error) {
 	nctx, cancel := nodeCtx(ctx, timeout, detached)
 	defer cancel()
+	return nd.releaseIn(nctx, keys, token, publish)
+}
+
+// releaseIn is release bounded by nctx, a context made by nodeCtx.
+func (nd *node) releaseIn(nctx context.Context, keys []string, token string, publish bool) (bool, error) {
 	pub := "0"
 	if publish {
 		pub = "1"

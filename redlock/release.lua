@@ -10,8 +10,7 @@
 --          an attempt that did not win a majority, so that contenders are
 --          not handed each other's retreats)
 --
--- Handing on: an empty message on KEYS[1] .. ":released" (heard by waiters
--- of older versions), then the first ticket of the queue whose Locker still
+-- Handing on: the first ticket of the queue whose Locker still
 -- listens (PUBLISH counts a subscriber on KEYS[1] .. ":released:<locker>")
 -- is granted the lock in this script: the counter is advanced as a grant
 -- does (see acquire.lua), the lock set to the wait's hand-off token <wait>
@@ -21,7 +20,11 @@
 -- place. Tickets of Lockers that no longer listen are dropped on the way (at
 -- most 8 a release). A failed PUBLISH (an ACL user without rights on the
 -- channels) does not fail the release, which has happened by then, and
--- hands nothing: waiters fall back to polling.
+-- hands nothing: waiters fall back to polling. Nothing is published when
+-- the queue is empty: every waiter of this version queues, so no one
+-- listens (versions before 2026-11-25 also published an empty message on
+-- KEYS[1] .. ":released" for their unqueued waiters, a PUBLISH per node and
+-- release, about a tenth of an uncontended cycle on 5 nodes).
 -- Returns 1 when the key held the token and was deleted, 0 otherwise.
 if redis.pcall("GET", KEYS[1]) ~= ARGV[1] then
 	return 0
@@ -30,7 +33,6 @@ redis.call("DEL", KEYS[1])
 if ARGV[2] ~= "1" then
 	return 1
 end
-redis.pcall("PUBLISH", KEYS[1] .. ":released", "")
 -- handOn: keep in step with pass.lua.
 for _ = 1, 8 do
 	local head = redis.call("ZRANGE", KEYS[2], 0, 0)[1]
