@@ -63,10 +63,10 @@
 // moves keeps its name but wakes its watcher with a write first), and an
 // exists watch on its own node, set on the same connection, has not fired,
 // so its node is still there (the server sends a connection's watch events
-// in order). After a reconnection, or on any other event, it lists the
-// queue. Within one ensemble a lock is held by at most one session at a
-// time: ZooKeeper's writes are linearizable, and an ephemeral node lives
-// exactly as long as its session.
+// in order). After a reconnection, on any other event, and on the
+// application's connection (New), it lists the queue. Within one ensemble
+// a lock is held by at most one session at a time: ZooKeeper's writes are
+// linearizable, and an ephemeral node lives exactly as long as its session.
 //
 // The TTL is the session timeout. A Locker made by Connect runs one session
 // per distinct TTL (its own TCP connection, shared by every lease and waiter

@@ -385,7 +385,9 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 				watch = listed
 			} else {
 				pred := c.parent + "/" + v.watch
-				early = i == 1 && (req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite) && !d.doubted(c)
+				// A session of the driver's own only: the application's
+				// connection tells no reconnection (see firstNow).
+				early = s.owned && i == 1 && (req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite) && !d.doubted(c)
 				var (
 					st    *zk.Stat
 					there bool // n, with an exists watch on it (early)
@@ -474,7 +476,9 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 // watch events in the order of its changes, so n's deletion would have been
 // told first — on the connection (epoch) that set both watches; after a
 // reconnection go-zookeeper sets them again in one request, whose events
-// come in any order, so the waiter lists the queue as usual.
+// come in any order, so the waiter lists the queue as usual. Only an owned
+// session counts its connections: on the application's connection (New)
+// the waiter always lists.
 func (d *driver) firstNow(s *session, n node, own <-chan zk.Event, epoch uint64) bool {
 	select {
 	case <-own:
