@@ -266,3 +266,76 @@ func (c *tracedConn) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// BenchmarkContendedPeer: 8 workers, each with a client of its own, take one
+// name in turns for a second, through dlock and through zk.Lock, four rounds
+// each, alternating; it reports both throughputs and their ratio (dlock over
+// zk.Lock). ctx has a Done channel, as dlock bench's. Run it once
+// (-benchtime 1x).
+func BenchmarkContendedPeer(b *testing.B) {
+	srv := zkServer(b)
+	ctx, cancelAll := context.WithCancel(context.Background())
+	defer cancelAll()
+	const workers, rounds, ttl = 8, 4, 10 * time.Second
+	lockers := make([]*dlock.Locker, workers)
+	conns := make([]*zk.Conn, workers)
+	for i := range workers {
+		lockers[i] = connect(b, srv.Addr(), withTTL(ttl))
+		conns[i] = rawConn(b, srv.Addr(), ttl)
+	}
+	name := "bench-contended-" + randomHex(4)
+	zpath := zookeeper.LockPath("", "bench-contended-zk-"+randomHex(4))
+	b.Cleanup(func() { _ = conns[0].Delete(zpath, -1) })
+	run := func(cycle func(i int) error) float64 {
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			total int
+		)
+		stop := time.Now().Add(time.Second)
+		for i := range workers {
+			wg.Go(func() {
+				n := 0
+				for time.Now().Before(stop) {
+					if err := cycle(i); err != nil {
+						b.Error(err)
+						return
+					}
+					n++
+				}
+				mu.Lock()
+				total += n
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		return float64(total)
+	}
+	dlockCycle := func(i int) error {
+		ls, err := lockers[i].Acquire(ctx, name, nil)
+		if err != nil {
+			return err
+		}
+		return ls.Release(ctx)
+	}
+	zkCycle := func(i int) error {
+		l := zk.NewLock(conns[i], zpath, zk.WorldACL(zk.PermAll))
+		if err := l.Lock(); err != nil {
+			return err
+		}
+		return l.Unlock()
+	}
+	var d, z float64
+	for r := range rounds {
+		if r%2 == 0 {
+			d += run(dlockCycle)
+			z += run(zkCycle)
+		} else {
+			z += run(zkCycle)
+			d += run(dlockCycle)
+		}
+	}
+	b.ReportMetric(d/rounds, "dlock-ops/s")
+	b.ReportMetric(z/rounds, "zklock-ops/s")
+	b.ReportMetric(d/z, "ops-ratio")
+}
