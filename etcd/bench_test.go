@@ -213,6 +213,57 @@ func BenchmarkRatio(b *testing.B) {
 	b.ReportMetric(float64(d)/float64(f), "p50-ratio")
 }
 
+// BenchmarkRatioPeer is BenchmarkRatio with concurrency.Mutex
+// (TryLock + Unlock, a Session of its own, as dlock bench -peers runs it)
+// as a third cycle, the three taking turns in a rotating order, under a ctx
+// with a Done channel (as the bench's): it reports the three p50s and
+// dlock's over the Mutex's and over the floor's.
+//
+// Each dlock acquisition puts a key of its own (P N/<token>), and the
+// try-lock compares the create revision of the whole range "P N/": without
+// a compaction the deleted keys stay in etcd's index and the compare visits
+// each of them, so dlock's cycle grows with -benchtime (the Mutex reuses
+// one key per Session, the floor one key per name).
+func BenchmarkRatioPeer(b *testing.B) {
+	srv, _ := etcdServer(b)
+	raw := newClient(b, srv.Addr())
+	prefix := benchPrefix(b, raw)
+	m := concurrency.NewMutex(benchSession(b, srv.Addr()), prefix+"mutex")
+	try := func(ctx context.Context) error {
+		if err := m.TryLock(ctx); err != nil {
+			return err
+		}
+		rctx, cancel := releaseCtx(ctx)
+		defer cancel()
+		return m.Unlock(rctx)
+	}
+	cycles := []cycle{dlockCycle(benchLocker(b, srv.Addr(), prefix), "ratio", true), floorCycle(b, srv.Addr(), prefix, "floor"), try}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, c := range cycles {
+		timeCycles(b, c, 20)
+	}
+	lat := [3]latencies{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for k := range cycles {
+			j := (i + k) % len(cycles)
+			start := time.Now()
+			if err := cycles[j](ctx); err != nil {
+				b.Fatal(err)
+			}
+			lat[j] = append(lat[j], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	d, f, mu := lat[0].p(50), lat[1].p(50), lat[2].p(50)
+	b.ReportMetric(float64(d.Nanoseconds()), "dlock-p50-ns")
+	b.ReportMetric(float64(f.Nanoseconds()), "floor-p50-ns")
+	b.ReportMetric(float64(mu.Nanoseconds()), "mutex-p50-ns")
+	b.ReportMetric(float64(d)/float64(mu), "p50-ratio-mutex")
+	b.ReportMetric(float64(d)/float64(f), "p50-ratio-floor")
+}
+
 // handoffs times n handoffs: hold, let the waiter block for settle, release
 // at t0; the waiter's acquire returns at t1. hold and wait take the lock,
 // and return its release.

@@ -14,9 +14,9 @@ import (
 // flight go together as nested transactions of one request (each keeps its
 // own comparison and its own outcome), so that thousands of locks taken or
 // released by many goroutines cost a few hundred requests, not one each. A
-// lone one goes as it always did, at once. Two of one name (scope) never
-// share a request: etcd evaluates every comparison of a request before
-// applying any of its operations.
+// lone one goes as it always did, at once (from the caller's goroutine). Two
+// of one name (scope) never share a request: etcd evaluates every
+// comparison of a request before applying any of its operations.
 
 const (
 	// txnsInFlight bounds the requests of grouped transactions at once: one,
@@ -57,9 +57,31 @@ type grouper struct {
 // others of other scopes. ctx bounds the wait for its outcome: when it ends
 // with the transaction sent, the outcome is unknown, as with a lost reply.
 func (d *driver) groupedTxn(ctx context.Context, scope string, cmp clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-	t := &groupTxn{ctx: ctx, scope: scope, cmp: cmp, then: then, els: els, done: make(chan groupDone, 1)}
 	g := &d.group
 	g.mu.Lock()
+	if g.inflight < txnsInFlight && len(g.queue) == 0 {
+		// Alone: sent from the caller's goroutine, bounded by its ctx, with
+		// no goroutine to hand it to first; those queued meanwhile go
+		// together next, in a goroutine that takes the flight over.
+		g.inflight++
+		g.mu.Unlock()
+		tctx, cancel := context.WithTimeout(ctx, groupTimeout)
+		resp, err := d.c.Txn(tctx).If(cmp).Then(then...).Else(els...).Commit()
+		cancel()
+		g.mu.Lock()
+		if len(g.queue) > 0 {
+			d.bg.Add(1)
+			go d.sendGroups()
+		} else {
+			g.inflight--
+		}
+		g.mu.Unlock()
+		if err != nil && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return resp, err
+	}
+	t := &groupTxn{ctx: ctx, scope: scope, cmp: cmp, then: then, els: els, done: make(chan groupDone, 1)}
 	g.queue = append(g.queue, t)
 	if g.inflight < txnsInFlight {
 		g.inflight++

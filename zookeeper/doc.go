@@ -56,9 +56,17 @@
 // Each lease is one ephemeral-sequential znode; the lowest one under a name
 // holds the lock, and each waiter watches only its immediate predecessor, so
 // waiters are granted in arrival order (Capabilities.FIFO) and a release wakes
-// exactly one of them. Within one ensemble a lock is held by at most one
-// session at a time: ZooKeeper's writes are linearizable, and an ephemeral
-// node lives exactly as long as its session.
+// exactly one of them. The first waiter of a lock or a write lock (one node
+// ahead of it) is granted on that node's deletion event itself, a round
+// trip sooner than zk.Lock and Curator, which list the queue again: no node
+// can come ahead of it (sequence numbers only grow, and a node the driver
+// moves keeps its name but wakes its watcher with a write first), and an
+// exists watch on its own node, set on the same connection, has not fired,
+// so its node is still there (the server sends a connection's watch events
+// in order). After a reconnection, on any other event, and on the
+// application's connection (New), it lists the queue. Within one ensemble
+// a lock is held by at most one session at a time: ZooKeeper's writes are
+// linearizable, and an ephemeral node lives exactly as long as its session.
 //
 // The TTL is the session timeout. A Locker made by Connect runs one session
 // per distinct TTL (its own TCP connection, shared by every lease and waiter
@@ -67,8 +75,10 @@
 // the server's minSessionTimeout..maxSessionTimeout is rejected with
 // dlock.ErrInvalid (Capabilities.MinTTL is the server's minimum, learnt at
 // Connect). Refresh with another TTL moves the lock node into a session with
-// that timeout, atomically (one multi-op deletes it and creates it again under
-// the same name), keeping its place and its fencing token.
+// that timeout, atomically (one multi-op writes its data, deletes it and
+// creates it again under the same name), keeping its place and its fencing
+// token; the write comes first so that a waiter watching the node wakes to
+// a change, not to a deletion (see below).
 //
 // The server drops a session, and its lock nodes, when it has not heard from
 // it for the session timeout. go-zookeeper pings the server every third of

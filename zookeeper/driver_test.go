@@ -107,7 +107,15 @@ func TestRefreshMovesSession(t *testing.T) {
 		if f, _ := ls.Fence(); f != fence {
 			t.Errorf("fence changed from %d to %d", fence, f)
 		}
-		notGranted(t, c, "waiter")
+		// The waiter watches the node, which the move deletes and creates
+		// again: it must not take that for a release (see firstNow). Its
+		// watch event comes on its own connection, a moment after the
+		// move's reply: give it that moment.
+		select {
+		case r := <-c:
+			t.Fatalf("Refresh(%v): the waiter returned (error %v) while the lease is held", ttl, r.err)
+		case <-time.After(300 * time.Millisecond):
+		}
 		if ok, err := ls.Held(ctx); !ok || err != nil {
 			t.Fatalf("Held after Refresh(%v) = %v, %v", ttl, ok, err)
 		}
@@ -128,6 +136,54 @@ func TestRefreshMovesSession(t *testing.T) {
 	lw := granted(t, c, 5*time.Second, "waiter")
 	if f, _ := lw.Fence(); f <= fence {
 		t.Errorf("waiter's fence %d not above %d", f, fence)
+	}
+	release(t, lw)
+}
+
+// TestWaiterNodeDeleted: someone deletes the first waiter's node while it
+// waits; when the holder releases, the waiter is not granted on its old node
+// (gone) but queues again, and holds a node of its own.
+func TestWaiterNodeDeleted(t *testing.T) {
+	srv := zkServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw := rawConn(t, srv.Addr(), 10*time.Second)
+	holder := connect(t, srv.Addr(), withTTL(2*time.Second))
+	waiter := connect(t, srv.Addr(), withTTL(2*time.Second))
+	name := "waiter-deleted-" + randomHex(4)
+	path := zookeeper.LockPath("", name)
+
+	ls, err := holder.Acquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := acquireAsync(ctx, waiter, name)
+	waitQueue(t, raw, name, 2)
+	children, _, err := raw.Children(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waiting string
+	for _, ch := range children {
+		if !strings.Contains(ch, ls.Token()) {
+			waiting = ch
+		}
+	}
+	// Let the waiter set its watches (on the holder's node and its own)
+	// before its node goes.
+	time.Sleep(200 * time.Millisecond)
+	if err := raw.Delete(path+"/"+waiting, -1); err != nil {
+		t.Fatal(err)
+	}
+	waitQueue(t, raw, name, 1)
+	release(t, ls)
+	lw := granted(t, c, 5*time.Second, "waiter")
+	if ok, err := lw.Held(ctx); !ok || err != nil {
+		t.Fatalf("the waiter's lease: Held = %v, %v (granted on its deleted node)", ok, err)
+	}
+	children, _, _ = raw.Children(path)
+	if len(children) != 1 || children[0] == waiting || !strings.Contains(children[0], lw.Token()) {
+		t.Errorf("queue %v: want one node of the waiter's, not %s", children, waiting)
 	}
 	release(t, lw)
 }

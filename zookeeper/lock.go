@@ -296,8 +296,10 @@ func (d *driver) knowParent(parent string, exists bool) {
 // The lease's validity counts from the call (Grant.Sent zero: the most
 // conservative choice) when the grant came within three quarters of the TTL
 // of it; otherwise (after a wait, or reconnecting) from the listing that
-// found n granted. Either is safe: every request on the session, sent at
-// that time or later, restarted its timeout on the server.
+// found n granted, or, for a grant on a deletion event (see firstNow), from
+// the requests that set the watches (at most half the TTL before). Each is
+// safe: every request on the session, sent at that time or later, restarted
+// its timeout on the server.
 func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dlockdriver.Request, wait bool, called time.Time) (*dlockdriver.Grant, error) {
 	var (
 		b        backoff
@@ -309,6 +311,10 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 		var (
 			list   []string
 			listed <-chan zk.Event
+			early  bool            // granted when the watched node is deleted (see firstNow)
+			own    <-chan zk.Event // early: the exists watch on n
+			armed  time.Time       // when the watches were asked for
+			epoch  uint64          // the connection they were set on
 		)
 		err := s.do(ctx, func() (err error) {
 			if children {
@@ -379,9 +385,32 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 				watch = listed
 			} else {
 				pred := c.parent + "/" + v.watch
-				var st *zk.Stat
+				// A session of the driver's own only: the application's
+				// connection tells no reconnection (see firstNow).
+				early = s.owned && i == 1 && (req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite) && !d.doubted(c)
+				var (
+					st    *zk.Stat
+					there bool // n, with an exists watch on it (early)
+				)
+				var g0 *generation
+				g0, epoch = s.connEpoch()
+				armed = time.Now()
 				err = s.do(ctx, func() (err error) {
+					if !early {
+						_, st, watch, err = s.conn.GetW(pred)
+						return err
+					}
+					var ownErr error
+					done := make(chan struct{})
+					go func() {
+						defer close(done)
+						there, _, own, ownErr = s.conn.ExistsW(n.path)
+					}()
 					_, st, watch, err = s.conn.GetW(pred)
+					<-done
+					if err == nil {
+						err = ownErr
+					}
 					return err
 				}, nil)
 				if errors.Is(err, zk.ErrNoNode) {
@@ -390,11 +419,29 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 				if err == nil && req.Kind == dlockdriver.KindPermit && st.Version > 0 {
 					continue // granted since the listing: look again
 				}
+				if err == nil && early {
+					if !there {
+						continue // n is gone: the listing says so
+					}
+					if g1, e1 := s.connEpoch(); g0 != n.gen || g1 != g0 || e1 != epoch {
+						early = false // reconnected meanwhile: list as usual
+					}
+				}
 			}
 			if err == nil {
 				b = backoff{}
 				select {
-				case <-watch: // deleted or changed, or the watch was dropped: look again
+				case ev := <-watch: // deleted or changed, or the watch was dropped: look again
+					if early && ev.Type == zk.EventNodeDeleted && d.firstNow(s, n, own, epoch) && time.Since(armed) <= req.TTL/2 {
+						// Granted: see firstNow. The validity counts from the
+						// call, or from the request that set the watches.
+						sent = armed
+						if time.Since(called) <= req.TTL*3/4 {
+							sent = time.Time{}
+						}
+						touch := req.Kind == dlockdriver.KindLock && req.Metadata != ""
+						return d.grant(s, c, n, req, sent, touch), nil
+					}
 					continue
 				case <-n.gen.gone:
 					d.forget(c)
@@ -415,6 +462,38 @@ func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dl
 			return nil, err
 		}
 	}
+}
+
+// firstNow reports, as the node the first waiter of a lock or of a write
+// lock (n, one node ahead of it at the listing) watches is deleted, that n
+// is now first, without listing the queue again. No node can come ahead of
+// n: a new node's sequence number is above every earlier one's, and a node
+// the driver moves into another session (Refresh with another TTL) keeps
+// its name, but has its data written in the same multi-op before it is
+// deleted, which fires a watch on it as a change, not a deletion (see
+// migrate). n itself is still there, in the live generation: the exists
+// watch on it (own) has not fired, and the server sends a connection's
+// watch events in the order of its changes, so n's deletion would have been
+// told first — on the connection (epoch) that set both watches; after a
+// reconnection go-zookeeper sets them again in one request, whose events
+// come in any order, so the waiter lists the queue as usual. Only an owned
+// session counts its connections: on the application's connection (New)
+// the waiter always lists.
+func (d *driver) firstNow(s *session, n node, own <-chan zk.Event, epoch uint64) bool {
+	select {
+	case <-own:
+		return false
+	default:
+	}
+	g, e := s.connEpoch()
+	return g == n.gen && e == epoch
+}
+
+// doubted reports whether another node with c's GUID may exist.
+func (d *driver) doubted(c *claim) bool {
+	d.cmu.Lock()
+	defer d.cmu.Unlock()
+	return c.doubt
 }
 
 // verdict is what a listing says of a node: granted, or what to watch
@@ -791,7 +870,11 @@ func (h *handle) migrate(ctx context.Context, ttl time.Duration) (time.Duration,
 	}
 	err = ns.do(ctx, func() error {
 		_, err := ns.conn.Multi(
-			&zk.DeleteRequest{Path: h.path, Version: version},
+			// Written before it is deleted: a waiter watching it wakes to a
+			// change, and lists the queue, rather than to a deletion, which
+			// would grant it at once (see firstNow).
+			&zk.SetDataRequest{Path: h.path, Data: h.data, Version: version},
+			&zk.DeleteRequest{Path: h.path, Version: -1},
 			&zk.CreateRequest{Path: h.path, Data: h.data, Acl: h.d.acl, Flags: zk.FlagEphemeral},
 		)
 		return err
