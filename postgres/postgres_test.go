@@ -50,6 +50,30 @@ func rawConn(t testing.TB, addr string) *pgx.Conn {
 	return c
 }
 
+// waitLockEntries polls pg_locks until name's advisory key has n entries
+// (holders and waiters queued on the server). It fails the test when ctx
+// ends first, or when a value arrives on ended (a wait that should still be
+// queued came back), naming what.
+func waitLockEntries[T any](t *testing.T, ctx context.Context, c *pgx.Conn, name string, n int, ended <-chan T, what string) {
+	t.Helper()
+	for {
+		entries, err := lockEntries(ctx, c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) == n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: %d entries of %q never queued: %v", what, n, name, entries)
+		case v := <-ended:
+			t.Fatalf("%s: %v", what, v)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // lockEntries lists the pg_locks rows of name's advisory key, as
 // "pid <pid> holds" or "pid <pid> waits".
 func lockEntries(ctx context.Context, c *pgx.Conn, name string) ([]string, error) {

@@ -150,20 +150,7 @@ func TestSharedWaitConnsBounded(t *testing.T) {
 		waited <- ls
 	}()
 	raw := rawConn(t, addr)
-	for { // until b's wait for x is queued on the server
-		entries, err := lockEntries(ctx, raw, x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(entries) == 2 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("b's wait for x never queued: %v", entries)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	waitLockEntries(t, ctx, raw, x, 2, (chan *dlock.Lease)(nil), "b's wait for x") // until b's wait for x is queued on the server
 	start := time.Now()
 	_, err = b.Acquire(ctx, y, nil) // ctx lasts a minute
 	if took := time.Since(start); !errors.Is(err, dlock.ErrResourceLimit) || !errors.Is(err, dlock.ErrNotAcquired) || !strings.Contains(err.Error(), "wait_conns") || took > time.Second {
@@ -189,20 +176,7 @@ func TestSharedWaitConnsBounded(t *testing.T) {
 		}
 		got <- err
 	}()
-	for {
-		entries, err := lockEntries(ctx, raw, y)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(entries) == 2 {
-			break
-		}
-		select {
-		case err := <-got:
-			t.Fatalf("b's second wait ended before y was released: %v", err)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	waitLockEntries(t, ctx, raw, y, 2, got, "b's second wait ended before y was released")
 	if err := ly.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -286,20 +260,8 @@ func TestSharedSameNameTwice(t *testing.T) {
 		got <- err
 	}()
 	raw := rawConn(t, addr)
-	for { // the second Acquire queued on the server, behind the first lease
-		entries, err := lockEntries(ctx, raw, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(entries) == 2 {
-			break
-		}
-		select {
-		case err := <-got:
-			t.Fatalf("second Acquire ended while the first lease held the name: %v", err)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	// The second Acquire queued on the server, behind the first lease.
+	waitLockEntries(t, ctx, raw, name, 2, got, "second Acquire ended while the first lease held the name")
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
