@@ -21,6 +21,44 @@ func queueLen(ctx context.Context, t *testing.T, r *goredis.Client, name string)
 	return n
 }
 
+// holdEverywhere takes name with a TTL of 20s for a test whose waiters must
+// queue on every node: a lease may hold on a majority only (under load a
+// node's request can outlast the node timeout), and a node where the lock
+// is free queues nobody (each attempt takes it there, is refused by the
+// rest and gives it back). It takes the name again until it is held on
+// every node.
+func holdEverywhere(ctx context.Context, t *testing.T, c *cluster, holder *dlock.Locker, name string) *dlock.Lease {
+	t.Helper()
+	for try := 0; ; try++ {
+		ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(time.Second)
+		for {
+			on := 0
+			for _, r := range c.raws {
+				if v, _ := r.Get(ctx, lockKey(name)).Result(); v != "" {
+					on++
+				}
+			}
+			if on == len(c.raws) {
+				return ls
+			}
+			if time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if try == 9 {
+			t.Fatalf("%q held on a majority only in 10 acquisitions", name)
+		}
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // Waiters are served in the order they began to wait: three waiters, each
 // its own Locker, queued one after another behind a holder, are granted in
 // that order, each handed the lock by the previous one's release, which
@@ -32,10 +70,7 @@ func TestQueueOrder(t *testing.T) {
 	c := newCluster(t, 5, nil)
 	holder := newLocker(t, c.clients(t), nil)
 	name := "queue-" + randomHex(4)
-	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ls := holdEverywhere(ctx, t, c, holder, name)
 	const waiters = 3
 	granted := make(chan int, waiters)
 	leases := make([]*dlock.Lease, waiters)
@@ -136,10 +171,7 @@ func TestQueueDeadTicket(t *testing.T) {
 	holder := newLocker(t, c.clients(t), nil)
 	waiter := newLocker(t, c.clients(t), nil)
 	name := "dead-" + randomHex(4)
-	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ls := holdEverywhere(ctx, t, c, holder, name)
 	// A dead process's ticket, first in the queue on every node.
 	const deadToken = "0123456789abcdef0123456789abcdef"
 	for _, r := range c.raws {
@@ -206,10 +238,7 @@ func TestQueuePassOn(t *testing.T) {
 	waiter := newLocker(t, c.clients(t), nil)
 	name := "passon-" + randomHex(4)
 	queue := lockKey(name) + ":waiters"
-	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ls := holdEverywhere(ctx, t, c, holder, name)
 	lctx, cancel := context.WithCancel(ctx)
 	gone := make(chan error, 1)
 	go func() {
@@ -314,10 +343,7 @@ func TestQueueHandoffValidity(t *testing.T) {
 	const ttl = 2 * time.Second
 	for _, hold := range []time.Duration{0, ttl / 2} {
 		name := "validity-" + randomHex(4)
-		ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ls := holdEverywhere(ctx, t, c, holder, name)
 		type result struct {
 			ls    *dlock.Lease
 			err   error
