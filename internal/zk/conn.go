@@ -23,14 +23,6 @@ import (
 	"time"
 )
 
-// ErrNoServer indicates that an operation cannot be completed
-// because attempts to connect to all servers in the list failed.
-var ErrNoServer = errors.New("zk: could not connect to a server")
-
-// ErrInvalidPath indicates that an operation was being attempted on
-// an invalid path. (e.g. empty path).
-var ErrInvalidPath = errors.New("zk: invalid path")
-
 // DefaultLogger uses the stdlib log package for logging.
 var DefaultLogger Logger = defaultLogger{}
 
@@ -52,14 +44,6 @@ const (
 type watchPathType struct {
 	path  string
 	wType watchType
-}
-
-// Dialer is a function to be used to establish a connection to a single host.
-type Dialer func(network, address string, timeout time.Duration) (net.Conn, error)
-
-// Logger is an interface that can be implemented to provide custom log output.
-type Logger interface {
-	Printf(string, ...interface{})
 }
 
 type authCreds struct {
@@ -138,31 +122,6 @@ type request struct {
 type response struct {
 	zxid int64
 	err  error
-}
-
-// Event is an Znode event sent by the server.
-// Refer to EventType for more details.
-type Event struct {
-	Type   EventType
-	State  State
-	Path   string // For non-session events, the path of the watched node.
-	Err    error
-	Server string // For connection events
-}
-
-// HostProvider is used to represent a set of hosts a ZooKeeper client should connect to.
-// It is an analog of the Java equivalent:
-// http://svn.apache.org/viewvc/zookeeper/trunk/src/java/main/org/apache/zookeeper/client/HostProvider.java?view=markup
-type HostProvider interface {
-	// Init is called first, with the servers specified in the connection string.
-	Init(servers []string) error
-	// Len returns the number of servers.
-	Len() int
-	// Next returns the next server to connect to. retryStart will be true if we've looped through
-	// all known servers without Connected() being called.
-	Next() (server string, retryStart bool)
-	// Notify the HostProvider of a successful connection.
-	Connected()
 }
 
 // ConnectWithDialer establishes a new connection to a pool of zookeeper servers
@@ -257,9 +216,6 @@ func WithLogInfo(logInfo bool) connOption {
 		c.logInfo = logInfo
 	}
 }
-
-// EventCallback is a function that is called when an Event occurs.
-type EventCallback func(Event)
 
 // WithEventCallback returns a connection option that specifies an event
 // callback.
@@ -1043,7 +999,7 @@ func (c *Conn) Set(path string, data []byte, version int32) (*Stat, error) {
 	}
 
 	res := &setDataResponse{}
-	_, err := c.request(opSetData, &SetDataRequest{path, data, version}, res, nil)
+	_, err := c.request(opSetData, &SetDataRequest{Path: path, Data: data, Version: version}, res, nil)
 	if err == ErrConnectionClosed {
 		return nil, err
 	}
@@ -1069,7 +1025,7 @@ func (c *Conn) Create(path string, data []byte, flags int32, acl []ACL) (string,
 	}
 
 	res := &createResponse{}
-	_, err = c.request(opCreate, &CreateRequest{path, data, acl, createMode.flag}, res, nil)
+	_, err = c.request(opCreate, &CreateRequest{Path: path, Data: data, Acl: acl, Flags: createMode.flag}, res, nil)
 	if err == ErrConnectionClosed {
 		return "", err
 	}
@@ -1095,7 +1051,7 @@ func (c *Conn) CreateContainer(path string, data []byte, flag int32, acl []ACL) 
 	}
 
 	res := &createResponse{}
-	_, err = c.request(opCreateContainer, &CreateRequest{path, data, acl, createMode.flag}, res, nil)
+	_, err = c.request(opCreateContainer, &CreateRequest{Path: path, Data: data, Acl: acl, Flags: createMode.flag}, res, nil)
 	return res.Path, err
 }
 
@@ -1115,7 +1071,7 @@ func (c *Conn) CreateTTL(path string, data []byte, flag int32, acl []ACL, ttl ti
 	}
 
 	res := &createResponse{}
-	_, err = c.request(opCreateTTL, &CreateTTLRequest{path, data, acl, createMode.flag, ttl.Milliseconds()}, res, nil)
+	_, err = c.request(opCreateTTL, &CreateTTLRequest{Path: path, Data: data, Acl: acl, Flags: createMode.flag, Ttl: ttl.Milliseconds()}, res, nil)
 	return res.Path, err
 }
 
@@ -1174,7 +1130,7 @@ func (c *Conn) Delete(path string, version int32) error {
 		return err
 	}
 
-	_, err := c.request(opDelete, &DeleteRequest{path, version}, &deleteResponse{}, nil)
+	_, err := c.request(opDelete, &DeleteRequest{Path: path, Version: version}, &deleteResponse{}, nil)
 	return err
 }
 
@@ -1265,13 +1221,6 @@ func (c *Conn) Sync(path string) (string, error) {
 		return "", err
 	}
 	return res.Path, err
-}
-
-// MultiResponse is the result of a Multi call.
-type MultiResponse struct {
-	Stat   *Stat
-	String string
-	Error  error
 }
 
 // Multi executes multiple ZooKeeper operations or none of them. The provided

@@ -1,7 +1,6 @@
 package zk
 
 import (
-	"errors"
 	"fmt"
 )
 
@@ -49,17 +48,6 @@ const (
 	EventNotWatching EventType = -2
 )
 
-var (
-	eventNames = map[EventType]string{
-		EventNodeCreated:         "EventNodeCreated",
-		EventNodeDeleted:         "EventNodeDeleted",
-		EventNodeDataChanged:     "EventNodeDataChanged",
-		EventNodeChildrenChanged: "EventNodeChildrenChanged",
-		EventSession:             "EventSession",
-		EventNotWatching:         "EventNotWatching",
-	}
-)
-
 const (
 	// StateUnknown means the session state is unknown.
 	StateUnknown           State = -1
@@ -75,57 +63,10 @@ const (
 	StateHasSession = State(101)
 )
 
-var (
-	stateNames = map[State]string{
-		StateUnknown:           "StateUnknown",
-		StateDisconnected:      "StateDisconnected",
-		StateConnectedReadOnly: "StateConnectedReadOnly",
-		StateSaslAuthenticated: "StateSaslAuthenticated",
-		StateExpired:           "StateExpired",
-		StateAuthFailed:        "StateAuthFailed",
-		StateConnecting:        "StateConnecting",
-		StateConnected:         "StateConnected",
-		StateHasSession:        "StateHasSession",
-		StateSyncConnected:     "StateSyncConnected",
-	}
-)
-
-// State is the session state.
-type State int32
-
-// String converts State to a readable string.
-func (s State) String() string {
-	if name := stateNames[s]; name != "" {
-		return name
-	}
-	return "Unknown"
-}
-
 // ErrCode is the error code defined by server. Refer to ZK documentations for more specifics.
 type ErrCode int32
 
 var (
-	// ErrConnectionClosed means the connection has been closed.
-	ErrConnectionClosed        = errors.New("zk: connection closed")
-	ErrUnknown                 = errors.New("zk: unknown error")
-	ErrAPIError                = errors.New("zk: api error")
-	ErrNoNode                  = errors.New("zk: node does not exist")
-	ErrNoAuth                  = errors.New("zk: not authenticated")
-	ErrBadVersion              = errors.New("zk: version conflict")
-	ErrNoChildrenForEphemerals = errors.New("zk: ephemeral nodes may not have children")
-	ErrNodeExists              = errors.New("zk: node already exists")
-	ErrNotEmpty                = errors.New("zk: node has children")
-	ErrSessionExpired          = errors.New("zk: session has been expired by the server")
-	ErrInvalidACL              = errors.New("zk: invalid ACL specified")
-	ErrInvalidFlags            = errors.New("zk: invalid flags specified")
-	ErrAuthFailed              = errors.New("zk: client authentication failed")
-	ErrClosing                 = errors.New("zk: zookeeper is closing")
-	ErrNothing                 = errors.New("zk: no server responses to process")
-	ErrSessionMoved            = errors.New("zk: session moved to another server, so operation is ignored")
-	ErrReconfigDisabled        = errors.New("attempts to perform a reconfiguration operation when reconfiguration feature is disabled")
-	ErrBadArguments            = errors.New("invalid arguments")
-	// ErrInvalidCallback         = errors.New("zk: invalid callback specified")
-
 	errCodeToError = map[ErrCode]error{
 		0:                          nil,
 		errAPIError:                ErrAPIError,
@@ -224,37 +165,9 @@ var (
 	}
 )
 
-// EventType represents the event type sent by server.
-type EventType int32
-
-func (t EventType) String() string {
-	if name := eventNames[t]; name != "" {
-		return name
-	}
-	return "Unknown"
-}
-
-// Mode is used to build custom server modes (leader|follower|standalone).
-type Mode uint8
-
-func (m Mode) String() string {
-	if name := modeNames[m]; name != "" {
-		return name
-	}
-	return "unknown"
-}
-
 const (
 	ModeUnknown    Mode = iota
 	ModeLeader     Mode = iota
 	ModeFollower   Mode = iota
 	ModeStandalone Mode = iota
-)
-
-var (
-	modeNames = map[Mode]string{
-		ModeLeader:     "leader",
-		ModeFollower:   "follower",
-		ModeStandalone: "standalone",
-	}
 )

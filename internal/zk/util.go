@@ -14,14 +14,14 @@ import (
 // provided permissions, with the scheme "auth", and ID "", which is used
 // by ZooKeeper to represent any authenticated user.
 func AuthACL(perms int32) []ACL {
-	return []ACL{{perms, "auth", ""}}
+	return []ACL{{Perms: perms, Scheme: "auth", ID: ""}}
 }
 
 // WorldACL produces an ACL list containing a single ACL which uses the
 // provided permissions, with the scheme "world", and ID "anyone", which
 // is used by ZooKeeper to represent any user at all.
 func WorldACL(perms int32) []ACL {
-	return []ACL{{perms, "world", "anyone"}}
+	return []ACL{{Perms: perms, Scheme: "world", ID: "anyone"}}
 }
 
 func DigestACL(perms int32, user, password string) []ACL {
@@ -31,7 +31,7 @@ func DigestACL(perms int32, user, password string) []ACL {
 		panic("SHA1 failed")
 	}
 	digest := base64.StdEncoding.EncodeToString(h.Sum(nil))
-	return []ACL{{perms, "digest", fmt.Sprintf("%s:%s", user, digest)}}
+	return []ACL{{Perms: perms, Scheme: "digest", ID: fmt.Sprintf("%s:%s", user, digest)}}
 }
 
 // FormatServers takes a slice of addresses, and makes sure they are in a format
