@@ -149,14 +149,17 @@
 // valid until its ValidUntil, as dlock documents; the driver deletes the
 // node then.
 //
-// Under the race detector, go-zookeeper v1.0.4 may report a data race on
-// its Conn.lastZxid between recvLoop and sendSetWatches when a connection
-// with watches comes back while replies arrive (upstream: go-zookeeper/zk
-// pull request 35, samuel/go-zookeeper issue 260, open). It is in the
-// client, not in this driver: a stale value there only has the server send
-// watch events the client may already have seen. Our fault tests meet it
-// rarely (once in about twenty runs of this package under -race on a loaded
-// machine).
+// go-zookeeper v1.0.4 has a data race on its Conn.lastZxid, between
+// recvLoop and sendSetWatches, when a connection with watches comes back
+// while replies arrive (upstream: go-zookeeper/zk pull request 35,
+// samuel/go-zookeeper issue 260, open); a stale value there only has the
+// server send watch events the client may already have seen, but the race
+// detector reports it. The sessions the driver dials itself (Connect, Open)
+// use a copy of go-zookeeper v1.0.4 with that one fix (internal/zk, until
+// upstream releases it), whose types and errors are upstream's. A Locker
+// made by New runs in the application's own *zk.Conn, which keeps
+// upstream's race: under -race, the application's tests may see it after a
+// reconnection.
 //
 // # Semaphores
 //

@@ -143,12 +143,17 @@ func (d *driver) reapGUID(s *session, parent, guid string) <-chan struct{} {
 		if errors.Is(err, zk.ErrNoNode) {
 			return nil
 		}
+		if err != nil {
+			return err // children may still be written: do gave up at d.ctx
+		}
 		for _, c := range children {
-			if err == nil && guidOf(c) == guid {
-				err = d.remove(s, parent+"/"+c)
+			if guidOf(c) == guid {
+				if err := d.remove(s, parent+"/"+c); err != nil {
+					return err
+				}
 			}
 		}
-		return err
+		return nil
 	})
 }
 

@@ -12,12 +12,40 @@ import (
 	"sync"
 	"time"
 
+	izk "github.com/dlock/dlock/internal/zk"
 	"github.com/go-zookeeper/zk"
 )
 
-// session is one ZooKeeper session the driver keeps lock nodes in: a zk.Conn
-// of the driver's own, dialled for one session timeout (Connect), or the
-// application's (New).
+// zkConn is what the driver calls on a ZooKeeper connection: the
+// application's upstream *zk.Conn (New), or the patched copy's *izk.Conn
+// (internal/zk) of a session the driver dials itself, whose types and
+// errors are upstream's.
+type zkConn interface {
+	AddAuth(scheme string, auth []byte) error
+	Children(path string) ([]string, *zk.Stat, error)
+	ChildrenW(path string) ([]string, *zk.Stat, <-chan zk.Event, error)
+	Close()
+	Create(path string, data []byte, flags int32, acl []zk.ACL) (string, error)
+	CreateContainer(path string, data []byte, flags int32, acl []zk.ACL) (string, error)
+	Delete(path string, version int32) error
+	Exists(path string) (bool, *zk.Stat, error)
+	ExistsW(path string) (bool, *zk.Stat, <-chan zk.Event, error)
+	Get(path string) ([]byte, *zk.Stat, error)
+	GetW(path string) ([]byte, *zk.Stat, <-chan zk.Event, error)
+	Multi(ops ...any) ([]zk.MultiResponse, error)
+	SessionID() int64
+	Set(path string, data []byte, version int32) (*zk.Stat, error)
+}
+
+var (
+	_ zkConn = (*zk.Conn)(nil)
+	_ zkConn = (*izk.Conn)(nil)
+)
+
+// session is one ZooKeeper session the driver keeps lock nodes in: a
+// connection of the driver's own, dialled for one session timeout (Connect)
+// with the patched copy of go-zookeeper in internal/zk, or the application's
+// *zk.Conn (New).
 //
 // go-zookeeper reconnects by itself, and after the server expired the session
 // it silently starts a new one on the same zk.Conn. A session is therefore a
@@ -28,7 +56,7 @@ type session struct {
 	owned bool  // the driver's own zk.Conn, closed with the session
 	key   int32 // owned: the requested timeout in ms, the key in driver.sessions
 
-	conn   *zk.Conn
+	conn   zkConn
 	events <-chan zk.Event // owned: closed by go-zookeeper once its goroutines are done
 	socks  socketSet       // owned: the sockets dialled, closed by close
 	hosts  *hostProvider   // owned
@@ -90,12 +118,12 @@ func (d *driver) openSession(ms int32) *session {
 	s.dialCtx, s.cancel = context.WithCancel(context.Background())
 	s.mu.Lock() // the event callback may run before Connect returns
 	s.hosts = &hostProvider{}
-	conn, events, err := zk.Connect(d.servers, time.Duration(ms)*time.Millisecond,
-		zk.WithDialer(s.dial),
-		zk.WithHostProvider(s.hosts),
-		zk.WithLogger(d.logger),
-		zk.WithLogInfo(false),
-		zk.WithEventCallback(s.onEvent),
+	c, events, err := izk.Connect(d.servers, time.Duration(ms)*time.Millisecond,
+		izk.WithDialer(s.dial),
+		izk.WithHostProvider(s.hosts),
+		izk.WithLogger(d.logger),
+		izk.WithLogInfo(false),
+		izk.WithEventCallback(s.onEvent),
 	)
 	if err != nil { // only for an empty server list, which Connect rejected
 		s.setupErr = fmt.Errorf("zookeeper: %w", err)
@@ -103,7 +131,7 @@ func (d *driver) openSession(ms int32) *session {
 		s.mu.Unlock()
 		return s
 	}
-	s.conn, s.events = conn, events
+	s.conn, s.events = c, events
 	s.calls.Add(1)
 	s.mu.Unlock()
 	go s.setup()
