@@ -511,6 +511,26 @@ func usage(b *testing.B, srv interface{ CPUTime() (time.Duration, error) }) (ser
 // ×floor"), with what each op cost: the server's requests by gRPC method,
 // mvcc operations, raft proposals, WAL fsyncs, watch events sent, and the
 // server's and this process's CPU time.
+//
+// What it showed on a 2-core machine shared with other work (2026-11-26):
+// dlock costs 2 commits (the queue put and the release; 2.03 WAL fsyncs
+// per op), 1 read-only transaction (the waiter's re-read after its
+// predecessor's deletion: it queued behind 7 others, so its predecessor was
+// not the holder then), 1 watch and ~18 watch events (8 Lockers' prefix
+// watches see each put and delete) per op, 2.2-3.7 ms of client and
+// 2.3-3.8 ms of server CPU; the floor 16-60 transactions (its spins) and
+// 11-34 ms of server CPU per op. With the CPU saturated dlock's throughput
+// follows its CPU per op, not the length of its hand-off: same-run A/B
+// (in-process toggles) of a re-read made serializably at the deletion's
+// revision (0.95, 1.20, 0.78, 1.00, 0.88, 0.76 of the linearizable one's
+// ops/s) and of that plus a watch on the predecessor's predecessor, so that
+// most grants needed no read on the hand-off's path (0.89, 0.92: one more
+// watch per op) gained nothing, and neither was kept. What did: a waiter
+// on a shared etcd lease follows the Locker's watch, which delivered every
+// event under the prefix anyway (queuewait.go): 2 transactions and no
+// watch per op, 1.1-1.6 ms of client and 1.3-1.6 ms of server CPU, 1.12-1.59×
+// the ops/s (alternating test binaries). The floor's spins need spare CPU:
+// how the ratio to it comes out depends on the machine's load.
 func BenchmarkContendedFloor(b *testing.B) {
 	srv, _ := etcdServer(b)
 	raw := newClient(b, srv.Addr())

@@ -11,6 +11,7 @@ import (
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // waitQueue waits until name's queue holds n keys and returns them, oldest
@@ -333,5 +334,105 @@ func TestFIFO(t *testing.T) {
 			t.Fatalf("waiter %d: fence %d not above %d", i, f, last)
 		}
 		last = f
+	}
+}
+
+// A lock's waiter on a shared etcd lease follows the Locker's watch: it
+// makes no read and no watch of its own, however far back it queued. Three
+// waiters are handed the lock in turn; the last one's client sends its put
+// and its release, and no other unary request.
+func TestWaiterFollowsLockerWatch(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	name := "follow"
+	var n rpcCounts
+	lockers := make([]*dlock.Locker, 4)
+	for i := range lockers {
+		c := newClient(t, srv.Addr())
+		if i == 3 {
+			c = countingClient(t, srv.Addr(), &n)
+		}
+		lockers[i] = newLocker(t, c, &etcd.Options{KeyPrefix: prefix})
+	}
+	ls, err := lockers[0].Acquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []<-chan acquired
+	for i := 1; i < 4; i++ {
+		got = append(got, acquireAsync(ctx, lockers[i], name, nil))
+		waitQueue(t, ctx, raw, prefix, name, i+1)
+	}
+	ranges, txns := n.ranges.Load(), n.txns.Load()
+	last, _ := ls.Fence()
+	for i, c := range got {
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-c
+		if r.err != nil {
+			t.Fatalf("waiter %d: %v", i+1, r.err)
+		}
+		for _, later := range got[i+1:] {
+			select {
+			case r := <-later:
+				t.Fatalf("a later waiter returned while waiter %d held: %v, %v", i+1, r.ls, r.err)
+			default:
+			}
+		}
+		ls = r.ls
+		f, _ := ls.Fence()
+		if f <= last {
+			t.Fatalf("waiter %d: fence %d not above %d", i+1, f, last)
+		}
+		last = f
+	}
+	if d := n.ranges.Load() - ranges; d != 0 {
+		t.Errorf("the last waiter read %d times while it waited, want 0", d)
+	}
+	if d := n.txns.Load() - txns; d != 0 {
+		t.Errorf("the last waiter sent %d transactions while it waited, want 0", d)
+	}
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A key nested under a lock's name (concurrency.Mutex on "<name>/x", which
+// dlock's escaping never produces) blocks the lock as a key of the name
+// does, and a waiter is granted once it goes.
+func TestWaiterBehindNestedKey(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	name := "outer"
+	m := concurrency.NewMutex(newSession(t, srv.Addr()), etcd.MutexName(prefix, name)+"/x")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	got := acquireAsync(ctx, l, name, nil)
+	waitQueue(t, ctx, raw, prefix, name, 2)
+	select {
+	case r := <-got:
+		t.Fatalf("waiter returned while the nested key was there: %v, %v", r.ls, r.err)
+	default:
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiter: %v", r.err)
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter not granted within 10s of the nested key's deletion")
 	}
 }
