@@ -167,13 +167,24 @@ func TestWatchResumedAfterCompaction(t *testing.T) {
 	ctx := testCtx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
-	var compacted atomic.Int32
-	restore := etcd.SetHooks(nil, func(wr clientv3.WatchResponse) {
+	var compacted, waiting atomic.Int32
+	restore := etcd.SetHooks(func(string) { waiting.Add(1) }, func(wr clientv3.WatchResponse) {
 		if wr.CompactRevision != 0 {
 			compacted.Add(1)
 		}
 	})
 	defer restore()
+	// waitingFor waits until n waiters have had their put's reply (a reply
+	// lost to the blackhole below would fail the attempt).
+	waitingFor := func(n int32) {
+		t.Helper()
+		for waiting.Load() < n {
+			if ctx.Err() != nil {
+				t.Fatalf("%d of %d waiters got their put's reply", waiting.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
 	p, err := faultnet.Listen(srv.Addr())
@@ -190,9 +201,11 @@ func TestWatchResumedAfterCompaction(t *testing.T) {
 	}
 	gotB := acquireAsync(ctx, b, name, nil)
 	waitQueue(t, ctx, raw, prefix, name, 2)
+	waitingFor(1)
 	cctx, cancelC := context.WithCancel(ctx)
 	gotC := acquireAsync(cctx, c, name, nil)
 	waitQueue(t, ctx, raw, prefix, name, 3)
+	waitingFor(2)
 
 	// Cut the waiters off, move the revision on and compact it away, then
 	// let them reconnect: their watches resume at a compacted revision.
