@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -447,5 +448,56 @@ func TestWaiterBehindNestedKey(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("waiter not granted within 10s of the nested key's deletion")
+	}
+}
+
+// A waiter behind more keys than it follows (etcd.MaxFollowed) watches its
+// predecessor instead, and is still granted only once every key ahead of it
+// is gone, whatever their order of deletion.
+func TestWaiterBehindLongQueue(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	name := "long"
+	ahead := make([]string, etcd.MaxFollowed+1)
+	for i := range ahead {
+		ahead[i] = etcd.MutexName(prefix, name) + fmt.Sprintf("/%016x", i+1)
+		if _, err := raw.Put(ctx, ahead[i], ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	preds := make(chan string, 8)
+	defer etcd.SetHooks(func(pred string) { preds <- pred }, nil)()
+	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel() // before the Locker's Close, on a failure
+	got := acquireAsync(actx, l, name, nil)
+	waitQueue(t, ctx, raw, prefix, name, len(ahead)+1)
+	if p := <-preds; p != ahead[len(ahead)-1] {
+		t.Fatalf("the waiter behind %d keys watches %q; want its predecessor %q", len(ahead), p, ahead[len(ahead)-1])
+	}
+	// Its predecessor first, then the rest from the oldest.
+	order := append([]string{ahead[len(ahead)-1]}, ahead[:len(ahead)-1]...)
+	for i, k := range order {
+		select {
+		case r := <-got:
+			t.Fatalf("waiter returned with %d keys ahead: %v, %v", len(order)-i, r.ls, r.err)
+		default:
+		}
+		if _, err := raw.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiter: %v", r.err)
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter not granted within 10s of the last key's deletion")
 	}
 }

@@ -24,9 +24,17 @@ import (
 // own, no read when its predecessor goes, and it is granted on the event of
 // the last older key's deletion. When the Locker's watch lost revisions to
 // a compaction the set is read again (linearizably) and the events after
-// that read applied. The read is of keys only, but of all of them: joining
-// a queue of n costs n keys in the reply (a predecessor's watch cost a
-// watch and, behind a waiter, a read per hand-off).
+// that read applied. The read is of keys only, and of at most maxFollowed
+// of them (a predecessor's watch cost a watch and, behind a waiter, a read
+// per hand-off; behind more than maxFollowed keys a waiter still waits so).
+
+// maxFollowed bounds the keys a waiter follows: one that finds more ahead
+// of it (a long queue, or keys nested under the name) watches its
+// predecessor's key instead, and reads the queue again each time that goes
+// (see waiter.wait), so that joining a queue of n costs at most
+// maxFollowed+1 keys in the reply, and a Locker's waiters hold at most that
+// many keys each.
+const maxFollowed = 64
 
 // errWaiterKeyGone reports that a waiter's key was deleted while it waited
 // (by hand, or with its etcd lease): it is not granted.

@@ -114,7 +114,10 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 			clientv3.OpGet(k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
 		}
 		if l.shared {
-			taken = []clientv3.Op{put, clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly)}
+			// The newest maxFollowed+1 (its own and the ones just ahead):
+			// behind more, it watches its predecessor instead.
+			taken = []clientv3.Op{put, clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(maxFollowed+1))}
 		}
 		resp, err = d.groupedTxn(ctx, k.prefix,
 			// Free: just put, as TryAcquire does.
@@ -151,10 +154,23 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 		return w.grant(), nil
 	}
 	if h != nil {
-		kvs := resp.Responses[1].GetResponseRange().GetKvs()
+		rr := resp.Responses[1].GetResponseRange()
+		kvs := rr.GetKvs()
 		if !slices.ContainsFunc(kvs, func(kv *mvccpb.KeyValue) bool { return kv.CreateRevision == w.rev && string(kv.Key) == k.key }) {
 			w.leave(ctx)
 			return nil, fmt.Errorf("%w: etcd: the queue of %q changed under the waiter's own put (its lease expired?)", dlock.ErrNotAcquired, k.prefix)
+		}
+		if rr.GetMore() {
+			// More than maxFollowed ahead: wait on the predecessor (never
+			// the first, with so many ahead).
+			d.dropWait(k.prefix, q)
+			w.pred = string(kvs[1].Key)
+			g, err := w.wait(ctx)
+			if err != nil {
+				w.leave(ctx)
+				return nil, d.waitError(ctx, k, err)
+			}
+			return g, nil
 		}
 		if beforeWatch != nil {
 			beforeWatch(k.key)
