@@ -15,7 +15,9 @@
 //   - Exclusive while valid: lock keys are committed on a Raft quorum and
 //     survive a minority of members down, a leader change and a restart.
 //   - Fencing: the lock key's create revision, strictly increasing per name.
-//   - FIFO: each waiter watches only its predecessor's key (no herd).
+//   - FIFO with no herd: a waiter makes no read and no watch of its own
+//     while it waits; the Locker's one watch tells it when the last older
+//     key is gone (with LeasePerLock, it watches its predecessor's key).
 //   - A holder cut off from the quorum reports the loss at ValidUntil; a dead
 //     holder's key lingers up to about half a second past it.
 //   - TTLs are whole seconds, at least 1s, raised by etcd to its minimum (2s
@@ -135,14 +137,25 @@
 // with the lowest create revision under the name. TryAcquire is one
 // transaction that creates the key only if there is no key under the name at
 // all, so it never jumps the queue. A waiter puts its key and, in the same
-// round trip, reads its immediate predecessor; it watches only that key's
-// deletion (no herd, no polling) and keeps its etcd lease alive while it
-// waits. When the predecessor it watches was the holder, its deletion is the
-// grant, with no further round trip. A waiter whose ctx ends, or whose etcd
+// round trip, reads the keys under the name: each is older than its own,
+// and no older key can appear later. It then follows the deletions that
+// the Locker's watch on the prefix delivers anyway (see Guarantees), with
+// no watch and no read of its own, and holds on the event of the last
+// older key's deletion, with no further round trip, whatever deleted them
+// (releases, expiries, cancelled waits) and in whatever order; a deletion
+// wakes no other waiter's request. When the Locker's watch lost revisions
+// to a compaction, each waiter reads its older keys again. With
+// LeasePerLock (no Locker watch) a waiter reads its immediate predecessor
+// instead and watches only that key's deletion (no herd, no polling): when
+// that predecessor was the holder its deletion is the grant, otherwise the
+// waiter reads the queue again. A waiter keeps its etcd lease alive while
+// it waits. A waiter whose ctx ends, whose key is deleted, or whose etcd
 // lease expires (it is then not granted, and returns an error matching
-// dlock.ErrNotAcquired), deletes its key before Acquire returns. A watch
-// broken by a compaction, a lost leader or a reconnection is re-established
-// from a fresh read, so no stale waiter is left behind.
+// dlock.ErrNotAcquired), deletes its key before Acquire returns. A
+// waiter's own watch (LeasePerLock) broken by a compaction, a lost leader
+// or a reconnection is re-established from a fresh read, and the Locker's
+// watch resumes from the last revision it applied, so no stale waiter is
+// left behind.
 //
 // Fencing: Lease.Fence is the lock key's create revision, which strictly
 // increases with every grant of the name (never the etcd lease ID).
@@ -280,6 +293,7 @@
 //
 // Deleting these keys by hand breaks the lock like deleting any lock's
 // state: a holder whose key is deleted learns it at its next refresh and
-// reports the loss; so does a waiter granted after its key was deleted
-// while it waited (a waiter watches its predecessor's key, not its own).
+// reports the loss. A waiter whose key is deleted is not granted (with
+// LeasePerLock, a waiter watches its predecessor's key, not its own, and a
+// waiter granted after its key was deleted reports the loss).
 package etcd

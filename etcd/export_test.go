@@ -14,3 +14,7 @@ func SetHooks(before func(pred string), ended func(clientv3.WatchResponse)) (res
 func SemaphorePrefix(keyPrefix, name string) string {
 	return keyPrefix + semaphoreSpace + escape(name) + "/"
 }
+
+// MaxFollowed is how many keys ahead of it a waiter follows on the Locker's
+// watch.
+const MaxFollowed = maxFollowed

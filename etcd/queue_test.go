@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // waitQueue waits until name's queue holds n keys and returns them, oldest
@@ -166,13 +168,24 @@ func TestWatchResumedAfterCompaction(t *testing.T) {
 	ctx := testCtx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
-	var compacted atomic.Int32
-	restore := etcd.SetHooks(nil, func(wr clientv3.WatchResponse) {
+	var compacted, waiting atomic.Int32
+	restore := etcd.SetHooks(func(string) { waiting.Add(1) }, func(wr clientv3.WatchResponse) {
 		if wr.CompactRevision != 0 {
 			compacted.Add(1)
 		}
 	})
 	defer restore()
+	// waitingFor waits until n waiters have had their put's reply (a reply
+	// lost to the blackhole below would fail the attempt).
+	waitingFor := func(n int32) {
+		t.Helper()
+		for waiting.Load() < n {
+			if ctx.Err() != nil {
+				t.Fatalf("%d of %d waiters got their put's reply", waiting.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
 	p, err := faultnet.Listen(srv.Addr())
@@ -189,9 +202,11 @@ func TestWatchResumedAfterCompaction(t *testing.T) {
 	}
 	gotB := acquireAsync(ctx, b, name, nil)
 	waitQueue(t, ctx, raw, prefix, name, 2)
+	waitingFor(1)
 	cctx, cancelC := context.WithCancel(ctx)
 	gotC := acquireAsync(cctx, c, name, nil)
 	waitQueue(t, ctx, raw, prefix, name, 3)
+	waitingFor(2)
 
 	// Cut the waiters off, move the revision on and compact it away, then
 	// let them reconnect: their watches resume at a compacted revision.
@@ -333,5 +348,156 @@ func TestFIFO(t *testing.T) {
 			t.Fatalf("waiter %d: fence %d not above %d", i, f, last)
 		}
 		last = f
+	}
+}
+
+// A lock's waiter on a shared etcd lease follows the Locker's watch: it
+// makes no read and no watch of its own, however far back it queued. Three
+// waiters are handed the lock in turn; the last one's client sends its put
+// and its release, and no other unary request.
+func TestWaiterFollowsLockerWatch(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	name := "follow"
+	var n rpcCounts
+	lockers := make([]*dlock.Locker, 4)
+	for i := range lockers {
+		c := newClient(t, srv.Addr())
+		if i == 3 {
+			c = countingClient(t, srv.Addr(), &n)
+		}
+		lockers[i] = newLocker(t, c, &etcd.Options{KeyPrefix: prefix})
+	}
+	ls, err := lockers[0].Acquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []<-chan acquired
+	for i := 1; i < 4; i++ {
+		got = append(got, acquireAsync(ctx, lockers[i], name, nil))
+		waitQueue(t, ctx, raw, prefix, name, i+1)
+	}
+	ranges, txns := n.ranges.Load(), n.txns.Load()
+	last, _ := ls.Fence()
+	for i, c := range got {
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-c
+		if r.err != nil {
+			t.Fatalf("waiter %d: %v", i+1, r.err)
+		}
+		for _, later := range got[i+1:] {
+			select {
+			case r := <-later:
+				t.Fatalf("a later waiter returned while waiter %d held: %v, %v", i+1, r.ls, r.err)
+			default:
+			}
+		}
+		ls = r.ls
+		f, _ := ls.Fence()
+		if f <= last {
+			t.Fatalf("waiter %d: fence %d not above %d", i+1, f, last)
+		}
+		last = f
+	}
+	if d := n.ranges.Load() - ranges; d != 0 {
+		t.Errorf("the last waiter read %d times while it waited, want 0", d)
+	}
+	if d := n.txns.Load() - txns; d != 0 {
+		t.Errorf("the last waiter sent %d transactions while it waited, want 0", d)
+	}
+	if err := ls.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A key nested under a lock's name (concurrency.Mutex on "<name>/x", which
+// dlock's escaping never produces) blocks the lock as a key of the name
+// does, and a waiter is granted once it goes.
+func TestWaiterBehindNestedKey(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	name := "outer"
+	m := concurrency.NewMutex(newSession(t, srv.Addr()), etcd.MutexName(prefix, name)+"/x")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	got := acquireAsync(ctx, l, name, nil)
+	waitQueue(t, ctx, raw, prefix, name, 2)
+	select {
+	case r := <-got:
+		t.Fatalf("waiter returned while the nested key was there: %v, %v", r.ls, r.err)
+	default:
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiter: %v", r.err)
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter not granted within 10s of the nested key's deletion")
+	}
+}
+
+// A waiter behind more keys than it follows (etcd.MaxFollowed) watches its
+// predecessor instead, and is still granted only once every key ahead of it
+// is gone, whatever their order of deletion.
+func TestWaiterBehindLongQueue(t *testing.T) {
+	srv, _ := etcdServer(t)
+	ctx := testCtx(t)
+	raw := newClient(t, srv.Addr())
+	prefix := testPrefix(t, raw, 0)
+	name := "long"
+	ahead := make([]string, etcd.MaxFollowed+1)
+	for i := range ahead {
+		ahead[i] = etcd.MutexName(prefix, name) + fmt.Sprintf("/%016x", i+1)
+		if _, err := raw.Put(ctx, ahead[i], ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	preds := make(chan string, 8)
+	defer etcd.SetHooks(func(pred string) { preds <- pred }, nil)()
+	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel() // before the Locker's Close, on a failure
+	got := acquireAsync(actx, l, name, nil)
+	waitQueue(t, ctx, raw, prefix, name, len(ahead)+1)
+	if p := <-preds; p != ahead[len(ahead)-1] {
+		t.Fatalf("the waiter behind %d keys watches %q; want its predecessor %q", len(ahead), p, ahead[len(ahead)-1])
+	}
+	// Its predecessor first, then the rest from the oldest.
+	order := append([]string{ahead[len(ahead)-1]}, ahead[:len(ahead)-1]...)
+	for i, k := range order {
+		select {
+		case r := <-got:
+			t.Fatalf("waiter returned with %d keys ahead: %v, %v", len(order)-i, r.ls, r.err)
+		default:
+		}
+		if _, err := raw.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiter: %v", r.err)
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter not granted within 10s of the last key's deletion")
 	}
 }

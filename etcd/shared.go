@@ -42,6 +42,9 @@ type registry struct {
 	rev    int64            // every event up to rev has been applied
 	marker string           // the Locker's marker key: P %marker/<random id>
 	moved  chan struct{}    // closed (and replaced) when rev advances
+	// waits are the lock waiters on shared etcd leases by queue prefix
+	// (queuewait.go).
+	waits map[string][]*queueWait
 
 	start  sync.Mutex // serialises startWatch and stopWatch
 	cancel context.CancelFunc
@@ -301,6 +304,9 @@ func (d *driver) follow(ctx context.Context, wc clientv3.WatchChan, reap <-chan 
 				return false
 			}
 			if wr.CompactRevision != 0 {
+				if watchEnded != nil {
+					watchEnded(wr)
+				}
 				return true
 			}
 			if wr.Canceled || wr.Err() != nil {
@@ -322,6 +328,7 @@ func (d *driver) apply(ctx context.Context, wr clientv3.WatchResponse) {
 	r.mu.Lock()
 	rev := r.rev
 	for _, ev := range wr.Events {
+		r.waitsEvent(ev)
 		h := r.keys[string(ev.Kv.Key)]
 		switch {
 		case h == nil:
@@ -536,6 +543,7 @@ func (d *driver) resync(ctx context.Context) error {
 		close(r.moved)
 		r.moved = make(chan struct{})
 	}
+	r.waitsStale()
 	r.mu.Unlock()
 	for _, f := range lost {
 		f()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,10 +31,13 @@ const cleanupTimeout = time.Second
 var (
 	// beforeWatch runs between the read that found a waiter's predecessor
 	// and the watch on it (for a permit's waiter: on the semaphore's
-	// prefix).
+	// prefix; for a lock's waiter on a shared etcd lease, which has no
+	// watch of its own: before its wait takes the read into account, with
+	// its own key).
 	beforeWatch func(pred string)
 	// watchEnded runs when a waiter's watch ends without the deletion it
-	// waits for (compaction, lost leader, closed stream).
+	// waits for (compaction, lost leader, closed stream), and when the
+	// Locker's watch ends on a compaction.
 	watchEnded func(wr clientv3.WatchResponse)
 )
 
@@ -82,9 +86,14 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 	var (
 		l    *lease
 		h    *handle
+		q    *queueWait // the wait of a waiter on a shared etcd lease
 		resp *clientv3.TxnResponse
 		err  error
 	)
+	if !d.perLock {
+		q = d.addWait(k.prefix, k.key)
+		defer d.dropWait(k.prefix, q)
+	}
 	for retried := false; ; retried = true {
 		l, err = d.lockLease(ctx, seconds(req.TTL))
 		if err != nil {
@@ -96,17 +105,24 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 			d.register(h)
 		}
 		put := clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))
+		// Taken: queue up, and read the newest two (ours and our
+		// predecessor) and the first; on a shared etcd lease, every key
+		// (see queuewait.go).
+		taken := []clientv3.Op{put,
+			clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
+			clientv3.OpGet(k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
+		}
+		if l.shared {
+			// The newest maxFollowed+1 (its own and the ones just ahead):
+			// behind more, it watches its predecessor instead.
+			taken = []clientv3.Op{put, clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(maxFollowed+1))}
+		}
 		resp, err = d.groupedTxn(ctx, k.prefix,
 			// Free: just put, as TryAcquire does.
 			clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix(),
-			[]clientv3.Op{put},
-			// Taken: queue up, and read the newest two (ours and our
-			// predecessor) and the first.
-			[]clientv3.Op{put,
-				clientv3.OpGet(k.prefix, clientv3.WithPrefix(), keysOnly,
-					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
-				clientv3.OpGet(k.prefix, append(clientv3.WithFirstCreate(), keysOnly)...),
-			})
+			[]clientv3.Op{put}, taken)
 		if err == nil {
 			break
 		}
@@ -136,6 +152,36 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 	}
 	if resp.Succeeded {
 		return w.grant(), nil
+	}
+	if h != nil {
+		rr := resp.Responses[1].GetResponseRange()
+		kvs := rr.GetKvs()
+		if !slices.ContainsFunc(kvs, func(kv *mvccpb.KeyValue) bool { return kv.CreateRevision == w.rev && string(kv.Key) == k.key }) {
+			w.leave(ctx)
+			return nil, fmt.Errorf("%w: etcd: the queue of %q changed under the waiter's own put (its lease expired?)", dlock.ErrNotAcquired, k.prefix)
+		}
+		if rr.GetMore() {
+			// More than maxFollowed ahead: wait on the predecessor (never
+			// the first, with so many ahead).
+			d.dropWait(k.prefix, q)
+			w.pred = string(kvs[1].Key)
+			g, err := w.wait(ctx)
+			if err != nil {
+				w.leave(ctx)
+				return nil, d.waitError(ctx, k, err)
+			}
+			return g, nil
+		}
+		if beforeWatch != nil {
+			beforeWatch(k.key)
+		}
+		d.settleWait(q, w.rev, kvs)
+		g, err := w.waitShared(ctx, q)
+		if err != nil {
+			w.leave(ctx)
+			return nil, d.waitError(ctx, k, err)
+		}
+		return g, nil
 	}
 	first := resp.Responses[2].GetResponseRange().GetKvs()
 	if len(first) > 0 && first[0].CreateRevision == w.rev {
