@@ -63,3 +63,51 @@ func BenchmarkEngine(b *testing.B) {
 		})
 	}
 }
+
+// Done is made on its first call: asked before the lease ends it is the
+// same channel every time and closed by the end; asked only afterwards it
+// is closed already.
+func TestDoneMadeOnDemand(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.New(nopDriver{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	before, err := l.TryAcquire(ctx, "before", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := before.Done()
+	if d2 := before.Done(); d2 != d {
+		t.Fatalf("Done returned %v, then %v: want one channel", d, d2)
+	}
+	select {
+	case <-d:
+		t.Fatal("Done closed while the lease is held")
+	default:
+	}
+	if err := before.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d:
+	default:
+		t.Fatal("Done not closed by Release")
+	}
+	after, err := l.TryAcquire(ctx, "after", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := after.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-after.Done():
+	default:
+		t.Fatal("Done first asked after Release: not closed")
+	}
+	if after.Err() == nil || after.Context().Err() == nil {
+		t.Fatalf("after Release: Err %v, Context().Err() %v; want both set", after.Err(), after.Context().Err())
+	}
+}
