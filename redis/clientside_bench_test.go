@@ -32,7 +32,7 @@ func (h localReplies) ProcessHook(goredis.ProcessHook) goredis.ProcessHook {
 		}
 		switch cmd.Args()[1] {
 		case h.acquireSHA:
-			c.SetVal([]any{int64(1), int64(42)}) // granted, fence 42
+			c.SetVal(int64(42)) // granted, fence 42
 		case h.releaseSHA:
 			c.SetVal(int64(1))
 		default: // redislock's obtain.lua and release.lua
