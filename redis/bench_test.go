@@ -194,8 +194,10 @@ func cleanupPrefix(c *goredis.Client, prefix string) {
 // engine's and the driver's Go code), a bsm/redislock cycle (Obtain,
 // Release) and a go-redsync cycle (TryLockContext, UnlockContext; one pool),
 // each on a client of its own made alike. It reports each p50 and mean,
-// heap allocations per cycle, and dlock over the best peer (issue 22: p50 ≤
-// 1.05×, mean ≤ 1/0.95×). The CPU profile's samples carry a label "client"
+// heap allocations and process CPU per cycle, the p50s of the time spent
+// inside go-redis's Process (the round trips: network and server) and
+// outside it (the library's own Go code), and dlock over the best peer
+// (issue 22: p50 ≤ 1.05×, mean ≤ 1/0.95×). The CPU profile's samples carry a label "client"
 // naming whose cycle they are (go tool pprof -tagfocus client=dlock).
 //
 //	go test -run '^$' -bench Peers -benchtime 5000x -cpuprofile cpu.out ./redis/
@@ -204,6 +206,10 @@ func BenchmarkPeers(b *testing.B) {
 	addr := redisAddr(b)
 	prefix := "dlockbench:" + randomHex(4) + ":"
 	dc, wc, rc, sc := benchClientAt(b, addr), benchClientAt(b, addr), benchClientAt(b, addr), benchClientAt(b, addr)
+	var inProcess time.Duration // of the cycle running
+	for _, c := range []*goredis.Client{dc, wc, rc, sc} {
+		c.AddHook(processTimer{&inProcess})
+	}
 	l, err := redis.New(dc, &redis.Options{KeyPrefix: prefix})
 	if err != nil {
 		b.Fatal(err)
@@ -252,6 +258,8 @@ func BenchmarkPeers(b *testing.B) {
 	allocs := make([]uint64, len(cycles))
 	lat := make([]latencies, len(cycles))
 	sums := make([]time.Duration, len(cycles))
+	cpu := make([]time.Duration, len(cycles))
+	in, out := make([]latencies, len(cycles)), make([]latencies, len(cycles))
 	labels := make([]context.Context, len(cycles))
 	for i, c := range cycles {
 		labels[i] = pprof.WithLabels(ctx, pprof.Labels("client", c.name))
@@ -268,14 +276,17 @@ func BenchmarkPeers(b *testing.B) {
 			pprof.SetGoroutineLabels(labels[k])
 			metrics.Read(ms)
 			a := ms[0].Value.Uint64()
-			start := time.Now()
+			inProcess = 0
+			c0, start := processCPU(), time.Now()
 			if err := cycles[k].run(); err != nil {
 				b.Fatalf("%s: %v", cycles[k].name, err)
 			}
 			d := time.Since(start)
+			cpu[k] += processCPU() - c0
 			metrics.Read(ms)
 			allocs[k] += ms[0].Value.Uint64() - a
 			lat[k] = append(lat[k], d)
+			in[k], out[k] = append(in[k], inProcess), append(out[k], d-inProcess)
 			sums[k] += d
 		}
 	}
@@ -289,6 +300,9 @@ func BenchmarkPeers(b *testing.B) {
 		b.ReportMetric(float64(p50[i].Nanoseconds()), c.name+"-p50-ns")
 		b.ReportMetric(float64(sums[i].Nanoseconds())/float64(b.N), c.name+"-mean-ns")
 		b.ReportMetric(float64(allocs[i])/float64(b.N), c.name+"-allocs")
+		b.ReportMetric(float64(cpu[i].Nanoseconds())/float64(b.N), c.name+"-cpu-ns")
+		in[i].report(b, c.name+"-in-")
+		out[i].report(b, c.name+"-out-")
 		if i >= len(cycles)-peers {
 			if bestP50 == 0 || p50[i] < bestP50 {
 				bestP50 = p50[i]
@@ -309,4 +323,21 @@ func benchClientAt(b *testing.B, addr string) *goredis.Client {
 		b.Fatal(err)
 	}
 	return c
+}
+
+// processTimer adds the time each command spends in go-redis's Process
+// (the connection, the network, the server) to *d.
+type processTimer struct{ d *time.Duration }
+
+func (h processTimer) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h processTimer) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+func (h processTimer) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		start := time.Now()
+		err := next(ctx, cmd)
+		*h.d += time.Since(start)
+		return err
+	}
 }

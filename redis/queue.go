@@ -77,6 +77,14 @@ func (d *driver) acquire(ctx context.Context, keys []string, boxed []any, token 
 	default:
 		cmd = acquireScript.run(ctx, d.c, boxed, token, px, 0)
 	}
+	if f, ok := cmd.Val().(int64); ok && cmd.Err() == nil {
+		// Granted by this call, the reply the fence alone.
+		if f <= 0 {
+			return r, fmt.Errorf("redis: acquiring %q: unexpected reply %d", keys[0], f)
+		}
+		r.kind, r.fence = replyGranted, uint64(f)
+		return r, nil
+	}
 	v, err := cmd.Int64Slice()
 	if err == nil && (len(v) < 2 || (v[0] == replyBusy && len(v) < 3)) {
 		err = fmt.Errorf("unexpected reply %v", v)

@@ -188,8 +188,13 @@ func (d *driver) Capabilities() dlock.Capabilities {
 // the default layout the lock, the fencing counter, the queue, the waiter
 // entries and the holder's metadata, in the order the scripts take them.
 func (d *driver) keys(name string) []string {
+	return d.keysInto(make([]string, 0, 5), name)
+}
+
+// keysInto is keys appended to dst.
+func (d *driver) keysInto(dst []string, name string) []string {
 	if d.compat {
-		return []string{d.prefix + name}
+		return append(dst, d.prefix+name)
 	}
 	// One allocation for the five names, each a substring of it (the
 	// acquire and release scripts take them on every call).
@@ -204,13 +209,12 @@ func (d *driver) keys(name string) []string {
 		b.WriteString(suffix)
 	}
 	all := b.String()
-	keys := make([]string, 5)
 	at := 0
-	for i, n := range [...]int{0, len(":fence"), len(":queue"), len(":waiters"), len(":meta")} {
-		keys[i] = all[at : at+lock+n]
+	for _, n := range [...]int{0, len(":fence"), len(":queue"), len(":waiters"), len(":meta")} {
+		dst = append(dst, all[at:at+lock+n])
 		at += lock + n
 	}
-	return keys
+	return dst
 }
 
 // channel is the pub/sub channel on which releases of name are announced.
@@ -234,28 +238,56 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		}
 		return d.tryKind(ctx, req, req.Wait)
 	}
-	keys := d.keys(req.Name)
-	token := any(req.Token) // boxed once for every call of the lease
+	// The handle is made first, holding the keys and the keys boxed that
+	// the acquire script takes and, when granted, the lease keeps: one
+	// allocation for them and the grant rather than four.
+	h := d.newHandle(req.Name, req.Token)
+	keys := h.keys
 	if d.compat {
 		px := millis(req.TTL)
-		n, err := acquireScript.Run(ctx, d.c, keys, token, px).Int64()
+		n, err := acquireScript.run(ctx, d.c, h.boxed, h.token, px).Int64()
 		if err != nil {
 			return nil, fmt.Errorf("redis: acquiring %q: %w", keys[0], err)
 		}
 		if n <= 0 {
 			return nil, busy(n)
 		}
-		return d.grant(keys, nil, token, px, 0, false), nil
+		return h.granted(px, 0, false), nil
 	}
-	boxed := boxKeys(keys) // for the acquire script and, when granted, the lease's release
-	r, err := d.acquire(ctx, keys, boxed, token, req.TTL, 0, req.Metadata)
+	r, err := d.acquire(ctx, keys, h.boxed, h.token, req.TTL, 0, req.Metadata)
 	if err != nil {
 		return nil, err
 	}
 	if r.kind == replyBusy {
 		return nil, busy(r.busy)
 	}
-	return d.grant(keys, boxed, token, r.px, r.fence, req.Metadata != ""), nil
+	return h.granted(r.px, r.fence, req.Metadata != ""), nil
+}
+
+// newHandle returns the handle of a lock on name for token, not granted
+// yet: its keys, and the keys boxed, are stored in it.
+func (d *driver) newHandle(name, token string) *handle {
+	h := &handle{d: d, token: token} // the token boxed once for every call of the lease
+	h.keys = d.keysInto(h.keyArray[:0], name)
+	for i, k := range h.keys {
+		h.boxArray[i] = k
+	}
+	h.boxed = h.boxArray[:len(h.keys)]
+	h.refreshKeys = h.keys[:1]
+	return h
+}
+
+// granted is h's grant; meta: the lease stored metadata (default layout).
+func (h *handle) granted(px int64, fence uint64, meta bool) *dlockdriver.Grant {
+	if meta {
+		h.meta, h.refreshKeys = true, []string{h.keys[0], h.keys[4]}
+	}
+	h.grant = dlockdriver.Grant{
+		Handle: h,
+		TTL:    time.Duration(px) * time.Millisecond,
+		Fence:  fence,
+	}
+	return &h.grant
 }
 
 // grant is a lock's grant; boxed: keys boxed (nil: boxed here); meta: the
@@ -265,14 +297,7 @@ func (d *driver) grant(keys []string, boxed []any, token any, px int64, fence ui
 		boxed = boxKeys(keys)
 	}
 	h := &handle{d: d, keys: keys, boxed: boxed, token: token, refreshKeys: keys[:1]}
-	if meta {
-		h.meta, h.refreshKeys = true, []string{keys[0], keys[4]}
-	}
-	return &dlockdriver.Grant{
-		Handle: h,
-		TTL:    time.Duration(px) * time.Millisecond,
-		Fence:  fence,
-	}
+	return h.granted(px, fence, meta)
 }
 
 // busy turns acquire.lua's negative or zero reply into a *dlockdriver.BusyError.
@@ -448,6 +473,12 @@ type handle struct {
 	token       any      // the lease token, a string
 	meta        bool     // the lease stored metadata (default layout)
 	refreshKeys []string // the lock key, and the metadata key when meta
+
+	// Storage for keys and boxed (newHandle), and the grant returned for
+	// the handle, so that they cost no allocation of their own.
+	keyArray [5]string
+	boxArray [5]any
+	grant    dlockdriver.Grant
 }
 
 func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
