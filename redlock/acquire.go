@@ -525,12 +525,16 @@ func (nd *node) acquireIn(nctx context.Context, keys []string, token string, px 
 		args := append([]any{token, px, own, queueTTL.Milliseconds(), waitToken, adoptArg}, regs...)
 		cmd = acquireScript.Run(nctx, nd.c, keys, args...)
 	}
-	v, err := cmd.Slice()
+	res, err := cmd.Result()
 	if err != nil {
 		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
 	}
+	if f, ok := res.(int64); ok && f > 0 { // taken by this call, fence f
+		return acqReply{granted: true, counter: uint64(f)}
+	}
+	v, _ := res.([]any)
 	if len(v) < 2 {
-		return acqReply{err: fmt.Errorf("%s: unexpected reply %v from acquire.lua", nd.name, v)}
+		return acqReply{err: fmt.Errorf("%s: unexpected reply %v from acquire.lua", nd.name, res)}
 	}
 	code, _ := v[0].(int64)
 	second, _ := v[1].(int64)

@@ -33,6 +33,12 @@ redis.call("DEL", KEYS[1])
 if ARGV[2] ~= "1" then
 	return 1
 end
+-- Nobody queued, the common case, is asked with EXISTS (an empty sorted set
+-- does not exist): on Redis 7.0 a ZRANGE of a missing key from a script
+-- costs about 4µs of server time more (see redis/release.lua).
+if redis.call("EXISTS", KEYS[2]) == 0 then
+	return 1
+end
 -- handOn: keep in step with pass.lua.
 for _ = 1, 8 do
 	local head = redis.call("ZRANGE", KEYS[2], 0, 0)[1]
