@@ -17,7 +17,8 @@
 //   - Fencing: the lock key's create revision, strictly increasing per name.
 //   - FIFO with no herd: a waiter makes no read and no watch of its own
 //     while it waits; the Locker's one watch tells it when the last older
-//     key is gone (with LeasePerLock, it watches its predecessor's key).
+//     key is gone (behind more than 64 keys, or with LeasePerLock, it
+//     watches its predecessor's key).
 //   - A holder cut off from the quorum reports the loss at ValidUntil; a dead
 //     holder's key lingers up to about half a second past it.
 //   - TTLs are whole seconds, at least 1s, raised by etcd to its minimum (2s
@@ -137,7 +138,9 @@
 // with the lowest create revision under the name. TryAcquire is one
 // transaction that creates the key only if there is no key under the name at
 // all, so it never jumps the queue. A waiter puts its key and, in the same
-// round trip, reads the keys under the name: each is older than its own,
+// round trip, reads the keys under the name (up to 65, the newest: its own
+// and 64 ahead; behind more it waits as with LeasePerLock, below, so that
+// joining a long queue costs a bounded reply): each is older than its own,
 // and no older key can appear later. It then follows the deletions that
 // the Locker's watch on the prefix delivers anyway (see Guarantees), with
 // no watch and no read of its own, and holds on the event of the last
