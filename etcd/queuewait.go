@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"time"
 
 	dlockdriver "github.com/dlock/dlock/driver"
@@ -191,18 +190,8 @@ func (d *driver) settleWait(q *queueWait, rev int64, kvs []*mvccpb.KeyValue) {
 // ends, its key is found gone, or its etcd lease is found gone, keeping the
 // etcd lease alive meanwhile.
 func (w *waiter) waitShared(ctx context.Context, q *queueWait) (*dlockdriver.Grant, error) {
-	kctx, stop := context.WithCancel(ctx)
-	gone := make(chan error, 1)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		w.keepAlive(kctx, gone)
-	}()
-	defer func() {
-		stop()
-		wg.Wait()
-	}()
+	gone, stop := w.keepAliveWhile(ctx)
+	defer stop()
 	r := &w.d.reg
 	backoff := retryMin
 	for {

@@ -241,22 +241,29 @@ func (w *waiter) leave(ctx context.Context) {
 	}
 }
 
-// wait blocks until the waiter's key is the first under its prefix, its ctx
-// ends, or its etcd lease is found gone, keeping the etcd lease alive
-// meanwhile.
-func (w *waiter) wait(ctx context.Context) (*dlockdriver.Grant, error) {
-	kctx, stop := context.WithCancel(ctx)
-	gone := make(chan error, 1)
+// keepAliveWhile keeps the waiter's etcd lease alive (keepAlive) until stop
+// returns or ctx ends; gone reports the etcd lease found gone.
+func (w *waiter) keepAliveWhile(ctx context.Context) (gone <-chan error, stop func()) {
+	kctx, cancel := context.WithCancel(ctx)
+	g := make(chan error, 1)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		w.keepAlive(kctx, gone)
+		w.keepAlive(kctx, g)
 	}()
-	defer func() {
-		stop()
+	return g, func() {
+		cancel()
 		wg.Wait()
-	}()
+	}
+}
+
+// wait blocks until the waiter's key is the first under its prefix, its ctx
+// ends, or its etcd lease is found gone, keeping the etcd lease alive
+// meanwhile.
+func (w *waiter) wait(ctx context.Context) (*dlockdriver.Grant, error) {
+	gone, stop := w.keepAliveWhile(ctx)
+	defer stop()
 
 	backoff := retryMin
 	// pause waits out a backend error (a lost leader, a broken connection)
