@@ -3,7 +3,7 @@ module github.com/dlock/dlock/otel
 go 1.26.0
 
 require (
-	github.com/dlock/dlock v0.0.0
+	github.com/dlock/dlock v1.0.0-rc.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -21,5 +21,3 @@ require (
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 )
-
-replace github.com/dlock/dlock => ../
