@@ -99,8 +99,7 @@ type Driver interface {
 	// dead-lettered when it has had maxAttempts deliveries.
 	Nack(ctx context.Context, queue, id, token string, delay time.Duration, maxAttempts int) (bool, error)
 	// Delete removes a task that is not claimed if it is still due at due
-	// (the seeds' dequeue(id, score): a task enqueued again meanwhile
-	// stays).
+	// (a compare-and-remove: a task enqueued again meanwhile stays).
 	Delete(ctx context.Context, queue, id string, due time.Time) (bool, error)
 	// Stats counts the queue's tasks.
 	Stats(ctx context.Context, queue string) (Stats, error)
