@@ -46,7 +46,8 @@
 // holder is the key with the lowest create revision under "P N/": the layout
 // of concurrency.Mutex and `etcdctl lock`, which exclude dlock's locks on
 // [MutexName](P, N) in one FIFO queue. Read/write locks share recipe.RWMutex's
-// layout ([RWMutexName]), elections concurrency.Election's.
+// layout ([RWMutexName]; mind the caveat in DESIGN.md), elections
+// concurrency.Election's.
 //
 // [DESIGN.md] beside this package has the rest: the shared etcd lease and
 // watch, refresh and loss, faults, the primitives, and every key.
