@@ -1,13 +1,3 @@
-// Package driver is what a task-queue backend implements for package queue:
-// the atomic primitives of one queue service (Driver), its errors, and its
-// URL registration. Applications use package queue; a driver implements
-// primitives only, and everything that is the same for every backend —
-// validation, waiting, claims' validity — is done once by queue.Client.
-//
-// Every method is atomic on the server: it takes effect whole or not at all,
-// so that an error leaves every task where it was or where the call put it.
-// "Now" and "due" are the server's clock, so that clients whose clocks
-// disagree still never see a task early.
 package driver
 
 import (
@@ -99,8 +89,7 @@ type Driver interface {
 	// dead-lettered when it has had maxAttempts deliveries.
 	Nack(ctx context.Context, queue, id, token string, delay time.Duration, maxAttempts int) (bool, error)
 	// Delete removes a task that is not claimed if it is still due at due
-	// (the seeds' dequeue(id, score): a task enqueued again meanwhile
-	// stays).
+	// (a compare-and-remove: a task enqueued again meanwhile stays).
 	Delete(ctx context.Context, queue, id string, due time.Time) (bool, error)
 	// Stats counts the queue's tasks.
 	Stats(ctx context.Context, queue string) (Stats, error)
