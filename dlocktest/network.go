@@ -48,8 +48,9 @@ func NewNetwork(ctx context.Context) (*Network, error) {
 // Name is the value for StartOptions.Network.
 func (n *Network) Name() string { return n.net.Network.Name }
 
-// Close removes the network; close the servers on it first (any left are
-// disconnected). It is idempotent.
+// Close removes the network, disconnecting the servers still on it (close
+// them first to remove them). It is idempotent; its Docker calls are bounded
+// by 30s.
 func (n *Network) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -57,7 +58,17 @@ func (n *Network) Close() error {
 		return nil
 	}
 	n.closed = true
-	err := n.net.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	e, err := engine(ctx)
+	if err != nil {
+		return fmt.Errorf("dlocktest: removing network %s: %w", n.Name(), err)
+	}
+	// dockertest disconnects the containers it knows of: those of now.
+	if info, err := e.pool.Client.NetworkInfo(n.net.Network.ID); err == nil {
+		n.net.Network = info
+	}
+	err = n.net.Close()
 	if _, gone := errors.AsType[*dc.NoSuchNetwork](err); err != nil && !gone {
 		return fmt.Errorf("dlocktest: removing network %s: %w", n.Name(), err)
 	}
