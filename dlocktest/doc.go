@@ -3,9 +3,9 @@
 // benchmarks of dlock and of third-party drivers, and breaks them on purpose:
 // pause, kill, start again.
 //
-// A driver's conformance test with server faults is a [conformance.Harness]
+// A driver's conformance test with server faults is a conformance.Harness
 // that embeds a *[Server], whose PauseServer, ResumeServer and RestartServer
-// methods implement [conformance.ServerFaults]:
+// methods implement conformance.ServerFaults (dlock's package conformance):
 //
 //	type harness struct{ *dlocktest.Server }
 //
@@ -23,8 +23,8 @@
 //		conformance.Run(t, harness{dlocktest.RequireNew(t, dlocktest.Redis)})
 //	}
 //
-// and a TestMain that calls [Main] (or [CloseAll]). The package's example
-// runs it with the redis driver.
+// and a TestMain that calls [Main] (or [CloseAll]). The package's
+// example_test.go does it with the redis driver.
 //
 // # Images
 //
@@ -70,7 +70,4 @@
 // [Main] or [CloseAll] from TestMain. Without Docker those helpers skip the
 // test, unless DLOCK_REQUIRE_BACKENDS=1 makes them fail. The package does not
 // import package testing ([TB] is its own), so a command may link it.
-//
-// [conformance.Harness]: https://pkg.go.dev/github.com/dlock/dlock/conformance#Harness
-// [conformance.ServerFaults]: https://pkg.go.dev/github.com/dlock/dlock/conformance#ServerFaults
 package dlocktest
