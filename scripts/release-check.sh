@@ -18,7 +18,7 @@ step() { printf '==> %s\n' "$*" >&2; }
 fail() { printf 'release-check: %s\n' "$*" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/dlock-release.XXXXXX)
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+[ -n "${DLOCK_RELEASE_KEEP:-}" ] || trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 
 step "modproxy: the modules of $rev at $version"
 go run ./tests/internal/modproxy -version "$version" -rev "$rev" -o "$work/proxy"

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/dlock/dlock/cmd/dlock/bench"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 
 	// The drivers the bench can open by URL.
 	_ "github.com/dlock/dlock/etcd"
@@ -25,7 +25,7 @@ type backend struct {
 	name string
 	// servers are started (one each, in order) unless -url gives the URL;
 	// none for an in-process backend.
-	servers []servers.Kind
+	servers []dlocktest.Kind
 	// url is the driver URL for the started servers' addresses (127.0.0.1:port).
 	url func(addrs []string) string
 	// floor opens raw clients for the same backend as the driver URL.
@@ -45,7 +45,7 @@ var backends = []backend{
 	},
 	{
 		name:    "redis",
-		servers: []servers.Kind{servers.Redis},
+		servers: []dlocktest.Kind{dlocktest.Redis},
 		url: func(addrs []string) string {
 			return (&url.URL{Scheme: "redis", Host: addrs[0], Path: "/0"}).String()
 		},
@@ -54,7 +54,7 @@ var backends = []backend{
 	},
 	{
 		name:    "redlock",
-		servers: []servers.Kind{servers.Redis, servers.Redis, servers.Redis, servers.Redis, servers.Redis},
+		servers: []dlocktest.Kind{dlocktest.Redis, dlocktest.Redis, dlocktest.Redis, dlocktest.Redis, dlocktest.Redis},
 		url: func(addrs []string) string {
 			return (&url.URL{Scheme: "redlock", Host: strings.Join(addrs, ","), Path: "/0"}).String()
 		},
@@ -63,7 +63,7 @@ var backends = []backend{
 	},
 	{
 		name:    "etcd",
-		servers: []servers.Kind{servers.Etcd},
+		servers: []dlocktest.Kind{dlocktest.Etcd},
 		url: func(addrs []string) string {
 			return (&url.URL{Scheme: "etcd", Host: addrs[0]}).String()
 		},
@@ -72,7 +72,7 @@ var backends = []backend{
 	},
 	{
 		name:    "zookeeper",
-		servers: []servers.Kind{servers.ZooKeeper},
+		servers: []dlocktest.Kind{dlocktest.ZooKeeper},
 		url: func(addrs []string) string {
 			return (&url.URL{Scheme: "zk", Host: addrs[0], Path: "/dlock-bench"}).String()
 		},
@@ -81,13 +81,13 @@ var backends = []backend{
 	},
 	{
 		name:    "postgres",
-		servers: []servers.Kind{servers.Postgres},
+		servers: []dlocktest.Kind{dlocktest.Postgres},
 		url: func(addrs []string) string {
 			return (&url.URL{
 				Scheme:   "postgres",
-				User:     url.UserPassword(servers.PostgresUser, servers.PostgresPassword),
+				User:     url.UserPassword(dlocktest.PostgresUser, dlocktest.PostgresPassword),
 				Host:     addrs[0],
-				Path:     "/" + servers.PostgresDatabase,
+				Path:     "/" + dlocktest.PostgresDatabase,
 				RawQuery: "sslmode=disable",
 			}).String()
 		},

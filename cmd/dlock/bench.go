@@ -16,8 +16,8 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/cmd/dlock/bench"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/servers"
 )
 
 // serverStartTimeout bounds starting one backend's servers, a first image
@@ -175,7 +175,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	// kills at once (servers left behind are removed by the next run).
 	context.AfterFunc(ctx, stop)
 	defer func() {
-		if err := servers.CloseAll(); err != nil {
+		if err := dlocktest.CloseAll(); err != nil {
 			fmt.Fprintf(stderr, "dlock bench: removing servers: %v\n", err)
 		}
 	}()
@@ -266,7 +266,7 @@ func prepareTargets(ctx context.Context, selected []backend, urls urlFlag, peers
 			for _, kind := range b.servers {
 				say("%-8s starting a %s server…", b.name, kind)
 				sctx, cancel := context.WithTimeout(ctx, serverStartTimeout)
-				srv, err := servers.Start(sctx, kind, nil)
+				srv, err := dlocktest.Start(sctx, kind, nil)
 				cancel()
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", b.name, err)

@@ -16,8 +16,8 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/cmd/dlock/bench"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/servers"
 )
 
 // benchHoldMain is `dlock bench hold`.
@@ -88,7 +88,7 @@ Flags:
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	defer func() {
-		if err := servers.CloseAll(); err != nil {
+		if err := dlocktest.CloseAll(); err != nil {
 			fmt.Fprintf(stderr, "dlock bench hold: removing servers: %v\n", err)
 		}
 	}()

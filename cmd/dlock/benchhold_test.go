@@ -7,13 +7,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // dlock bench hold on a real server: every lease held and none lost, the
 // connections counted, and a row per N.
 func TestBenchHoldRedis(t *testing.T) {
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	jsonPath := filepath.Join(t.TempDir(), "hold.json")
 	code, out, errOut := runCmd(t, "bench", "hold", "-backends", "redis", "-url", "redis=redis://"+addr+"/0",
 		"-n", "10,50", "-hold", "500ms", "-ttl", "1s", "-hog", "1", "-o", jsonPath, "-q")
@@ -67,7 +67,7 @@ func TestBenchHoldRedis(t *testing.T) {
 	// -params reaches the URL: a pool of 2 holds every lease on 2
 	// connections. (The command removed the servers of this process when
 	// it ended: a new one.)
-	addr = servers.RequireNew(t, servers.Redis).Addr()
+	addr = dlocktest.RequireNew(t, dlocktest.Redis).Addr()
 	code, out, errOut = runCmd(t, "bench", "hold", "-backends", "redis", "-url", "redis=redis://"+addr+"/0",
 		"-params", "redis=pool_size=2", "-n", "50", "-hold", "300ms", "-ttl", "1s", "-q")
 	if code != 0 {

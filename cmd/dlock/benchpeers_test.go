@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // `dlock bench -peers` on real servers measures every peer of the backend
@@ -20,25 +20,25 @@ func TestBenchPeers(t *testing.T) {
 		peers   []string
 	}{
 		{"redis", func(t *testing.T) string {
-			return "redis://" + servers.Require(t, servers.Redis).Addr() + "/0"
+			return "redis://" + dlocktest.Require(t, dlocktest.Redis).Addr() + "/0"
 		}, []string{"redsync", "redislock"}},
 		{"redlock", func(t *testing.T) string {
 			// Three nodes: the shared server and two of the test's own.
-			addrs := []string{servers.Require(t, servers.Redis).Addr()}
+			addrs := []string{dlocktest.Require(t, dlocktest.Redis).Addr()}
 			for range 2 {
-				addrs = append(addrs, servers.RequireNew(t, servers.Redis).Addr())
+				addrs = append(addrs, dlocktest.RequireNew(t, dlocktest.Redis).Addr())
 			}
 			return "redlock://" + strings.Join(addrs, ",") + "/0"
 		}, []string{"redsync"}},
 		{"etcd", func(t *testing.T) string {
-			return "etcd://" + servers.Require(t, servers.Etcd).Addr()
+			return "etcd://" + dlocktest.Require(t, dlocktest.Etcd).Addr()
 		}, []string{"concurrency.Mutex"}},
 		{"zookeeper", func(t *testing.T) string {
-			return "zk://" + servers.Require(t, servers.ZooKeeper).Addr() + "/dlock-bench-test"
+			return "zk://" + dlocktest.Require(t, dlocktest.ZooKeeper).Addr() + "/dlock-bench-test"
 		}, []string{"zk.Lock"}},
 		{"postgres", func(t *testing.T) string {
-			return "postgres://" + servers.PostgresUser + ":" + servers.PostgresPassword + "@" +
-				servers.Require(t, servers.Postgres).Addr() + "/" + servers.PostgresDatabase + "?sslmode=disable"
+			return "postgres://" + dlocktest.PostgresUser + ":" + dlocktest.PostgresPassword + "@" +
+				dlocktest.Require(t, dlocktest.Postgres).Addr() + "/" + dlocktest.PostgresDatabase + "?sslmode=disable"
 		}, []string{"pg_advisory_lock"}},
 	}
 	for _, tt := range tests {

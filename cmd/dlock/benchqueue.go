@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/cmd/dlock/bench"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/queue"
 )
 
@@ -73,7 +73,7 @@ Flags:
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	defer func() {
-		if err := servers.CloseAll(); err != nil {
+		if err := dlocktest.CloseAll(); err != nil {
 			fmt.Fprintf(stderr, "dlock bench queue: removing servers: %v\n", err)
 		}
 	}()

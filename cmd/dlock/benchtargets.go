@@ -7,7 +7,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // benchTarget is one backend of a bench subcommand (queue, primitives,
@@ -17,7 +17,7 @@ type benchTarget struct {
 	raw   string   // the URL, with its password
 	u     *url.URL // parsed
 	addrs []string // the servers' host:port
-	srvs  []*servers.Server
+	srvs  []*dlocktest.Server
 }
 
 // benchNames parses a -backends list; known says why a name is refused, or
@@ -61,7 +61,7 @@ func startBenchTargets(ctx context.Context, cmd string, names []string, urls, pa
 					fmt.Fprintf(progress, "%-9s starting a %s server…\n", n, kind)
 				}
 				sctx, cancel := context.WithTimeout(ctx, serverStartTimeout)
-				srv, err := servers.Start(sctx, kind, nil)
+				srv, err := dlocktest.Start(sctx, kind, nil)
 				cancel()
 				if err != nil {
 					fmt.Fprintf(stderr, "%s: %s: %v\n", cmd, n, err)

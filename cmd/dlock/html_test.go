@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // chromium returns the headless browser's path: it fails the test when
@@ -26,7 +26,7 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	if v, _ := strconv.ParseBool(os.Getenv(servers.RequireBackendsEnv)); v {
+	if v, _ := strconv.ParseBool(os.Getenv(dlocktest.RequireBackendsEnv)); v {
 		t.Fatal("chromium is not installed (scripts/test.sh installs it: apt-get install chromium)")
 	}
 	t.Skip("chromium is not installed")
@@ -60,7 +60,7 @@ func headless(t *testing.T, browser, page string, args ...string) []byte {
 // the page asks the network for nothing.
 func TestBenchHTMLInChromium(t *testing.T) {
 	browser := chromium(t)
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	page := filepath.Join(t.TempDir(), "report.html")
 	args := append([]string{"bench", "-backends", "memory,redis", "-url", "redis=redis://" + addr + "/0", "-html", page, "-q"}, small...)
 	if code, _, stderr := runCmd(t, args...); code != 0 {

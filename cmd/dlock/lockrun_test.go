@@ -19,7 +19,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // The tests of dlock run drive the real command: the test binary re-executed
@@ -238,7 +238,7 @@ func unix(s syscall.Signal) string {
 // proxy when proxied.
 func redisURL(t *testing.T, proxied bool) (string, *faultnet.Proxy) {
 	t.Helper()
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	if !proxied {
 		return "redis://" + addr + "/0", nil
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dlock/dlock/internal/servers/servertest"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // TestMain runs the tests, or, re-executed by them, dlock itself
@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 	case os.Getenv("DLOCK_TEST_MAIN") == "1":
 		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 	}
-	servertest.Main(m)
+	dlocktest.Main(m)
 }
 
 // runCmd runs the command with args and returns its status and output.

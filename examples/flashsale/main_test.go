@@ -6,11 +6,10 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/internal/servers/servertest"
+	"github.com/dlock/dlock/dlocktest"
 )
 
-func TestMain(m *testing.M) { servertest.Main(m) }
+func TestMain(m *testing.M) { dlocktest.Main(m) }
 
 // The sale sells exactly the stock, oversells nothing and loses no order, on
 // every queue backend.
@@ -18,11 +17,11 @@ func TestFlashSale(t *testing.T) {
 	backends := map[string]func(t *testing.T) string{
 		"mem": func(*testing.T) string { return "mem://flashsale-test" },
 		"redis": func(t *testing.T) string {
-			return "redis://" + servers.Require(t, servers.Redis).Addr() + "/0"
+			return "redis://" + dlocktest.Require(t, dlocktest.Redis).Addr() + "/0"
 		},
 		"postgres": func(t *testing.T) string {
-			return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", servers.PostgresUser, servers.PostgresPassword,
-				servers.Require(t, servers.Postgres).Addr(), servers.PostgresDatabase)
+			return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", dlocktest.PostgresUser, dlocktest.PostgresPassword,
+				dlocktest.Require(t, dlocktest.Postgres).Addr(), dlocktest.PostgresDatabase)
 		},
 	}
 	for _, name := range []string{"mem", "redis", "postgres"} {

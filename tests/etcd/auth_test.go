@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -19,7 +19,7 @@ import (
 // shows the password.
 func TestOpenAuth(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.RequireNewWith(t, servers.Etcd, &servers.StartOptions{Env: fastElection})
+	srv := dlocktest.RequireNewWith(t, dlocktest.Etcd, &dlocktest.StartOptions{Env: fastElection})
 	root := newClient(t, srv.Addr())
 	const rootPW, userPW = "r00t-pw", "us3r/p@ss"
 	steps := []func() error{

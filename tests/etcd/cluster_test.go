@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/etcd"
-	"github.com/dlock/dlock/internal/servers"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -22,7 +22,7 @@ import (
 // port published on 127.0.0.1. Election timeout is etcd's default (1s), so
 // the lease minimum is 2s.
 type cluster struct {
-	members   []*servers.Server
+	members   []*dlocktest.Server
 	endpoints []string
 }
 
@@ -31,14 +31,14 @@ func startCluster(t *testing.T) *cluster {
 	if os.Getenv("DLOCK_ETCD_ADDR") != "" {
 		t.Skip("the cluster test needs Docker, not the external server DLOCK_ETCD_ADDR")
 	}
-	network := servers.RequireNetwork(t) // closed after the members
+	network := dlocktest.RequireNetwork(t) // closed after the members
 	const n = 3
 	var initial []string
 	for i := range n {
 		initial = append(initial, fmt.Sprintf("m%d=http://m%d:2380", i, i))
 	}
 	token := "dlock-" + randomHex(4)
-	c := &cluster{members: make([]*servers.Server, n)}
+	c := &cluster{members: make([]*dlocktest.Server, n)}
 	errs := make([]error, n)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
@@ -48,7 +48,7 @@ func startCluster(t *testing.T) *cluster {
 		go func() { // together: a member is ready only once there is a quorum
 			defer wg.Done()
 			name := "m" + strconv.Itoa(i)
-			c.members[i], errs[i] = servers.Start(ctx, servers.Etcd, &servers.StartOptions{
+			c.members[i], errs[i] = dlocktest.Start(ctx, dlocktest.Etcd, &dlocktest.StartOptions{
 				Network: network.Name(),
 				Alias:   name,
 				Env: []string{
@@ -69,7 +69,7 @@ func startCluster(t *testing.T) *cluster {
 			c.endpoints = append(c.endpoints, s.Addr())
 		}
 		if errs[i] != nil {
-			if required, _ := strconv.ParseBool(os.Getenv(servers.RequireBackendsEnv)); errors.Is(errs[i], servers.ErrNoDocker) && !required {
+			if required, _ := strconv.ParseBool(os.Getenv(dlocktest.RequireBackendsEnv)); errors.Is(errs[i], dlocktest.ErrNoDocker) && !required {
 				t.Skipf("no etcd cluster: %v", errs[i])
 			}
 			t.Fatalf("starting member %d: %v", i, errs[i])
@@ -198,7 +198,7 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		fence, _ := ls.Fence()
-		down := []*servers.Server{c.members[1], c.members[2]}
+		down := []*dlocktest.Server{c.members[1], c.members[2]}
 		for _, s := range down {
 			if err := s.Stop(ctx); err != nil {
 				t.Fatal(err)

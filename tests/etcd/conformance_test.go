@@ -10,8 +10,8 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/etcd"
-	"github.com/dlock/dlock/internal/servers"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -67,7 +67,7 @@ func (h harness) Residue(ctx context.Context, name string) ([]string, error) {
 // Chaos section may pause and restart.
 type ownServer struct {
 	harness
-	srv *servers.Server
+	srv *dlocktest.Server
 }
 
 func (h ownServer) PauseServer(ctx context.Context) error   { return h.srv.Pause(ctx) }
@@ -84,7 +84,7 @@ func TestConformance(t *testing.T) {
 		conformance.RunConfig(t, harness{addr: srv.Addr(), raw: raw, prefix: "dlockconf/"}, conformance.Config{TTL: minTTL})
 		return
 	}
-	srv := servers.RequireNewWith(t, servers.Etcd, &servers.StartOptions{Env: fastElection})
+	srv := dlocktest.RequireNewWith(t, dlocktest.Etcd, &dlocktest.StartOptions{Env: fastElection})
 	raw := newClient(t, srv.Addr())
 	h := harness{addr: srv.Addr(), raw: raw, prefix: "dlockconf/"}
 	conformance.RunConfig(t, ownServer{h, srv}, conformance.Config{TTL: time.Second})

@@ -6,7 +6,7 @@ import (
 
 	"context"
 	"errors"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"strings"
 	"testing"
 	"time"
@@ -130,7 +130,7 @@ func TestTTLRaisedIsReported(t *testing.T) {
 		t.Skip("needs etcd's default configuration")
 	}
 	ctx := testCtx(t)
-	srv := servers.RequireNew(t, servers.Etcd) // the default configuration: 2s minimum
+	srv := dlocktest.RequireNew(t, dlocktest.Etcd) // the default configuration: 2s minimum
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -386,7 +386,7 @@ func TestParseURL(t *testing.T) {
 // same fence, nobody else granted, the watchdog carries on.
 func TestSurvivesRestart(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.RequireNewWith(t, servers.Etcd, &servers.StartOptions{Env: fastElection})
+	srv := dlocktest.RequireNewWith(t, dlocktest.Etcd, &dlocktest.StartOptions{Env: fastElection})
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})

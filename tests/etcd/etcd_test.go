@@ -12,14 +12,13 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/etcd"
-	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/internal/servers/servertest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
 
-func TestMain(m *testing.M) { servertest.Main(m) }
+func TestMain(m *testing.M) { dlocktest.Main(m) }
 
 // fastElection makes etcd's minimum lease TTL 1s (1.5 × the election
 // timeout, rounded up) instead of 2s; a single member never holds elections.
@@ -27,25 +26,25 @@ var fastElection = []string{"ETCD_HEARTBEAT_INTERVAL=50", "ETCD_ELECTION_TIMEOUT
 
 var shared struct {
 	sync.Mutex
-	srv *servers.Server
+	srv *dlocktest.Server
 }
 
 // etcdServer returns the test binary's etcd server, started on first use with
 // a 1s minimum lease TTL, and that minimum. An external server
 // (DLOCK_ETCD_ADDR) is assumed to have etcd's default minimum, 2s.
-func etcdServer(t testing.TB) (*servers.Server, time.Duration) {
+func etcdServer(t testing.TB) (*dlocktest.Server, time.Duration) {
 	t.Helper()
 	if os.Getenv("DLOCK_ETCD_ADDR") != "" {
-		return servers.Require(t, servers.Etcd), 2 * time.Second
+		return dlocktest.Require(t, dlocktest.Etcd), 2 * time.Second
 	}
 	shared.Lock()
 	defer shared.Unlock()
 	if shared.srv == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		s, err := servers.Start(ctx, servers.Etcd, &servers.StartOptions{Env: fastElection})
+		s, err := dlocktest.Start(ctx, dlocktest.Etcd, &dlocktest.StartOptions{Env: fastElection})
 		if err != nil {
-			if required, _ := strconv.ParseBool(os.Getenv(servers.RequireBackendsEnv)); errors.Is(err, servers.ErrNoDocker) && !required {
+			if required, _ := strconv.ParseBool(os.Getenv(dlocktest.RequireBackendsEnv)); errors.Is(err, dlocktest.ErrNoDocker) && !required {
 				t.Skipf("no etcd server: %v", err)
 			}
 			t.Fatalf("starting etcd: %v", err)

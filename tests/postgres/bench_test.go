@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 )
@@ -58,7 +58,7 @@ var variants = []struct {
 }
 
 func benchLocker(b *testing.B, opts *postgres.Options) *dlock.Locker {
-	srv := servers.Require(b, servers.Postgres)
+	srv := dlocktest.Require(b, dlocktest.Postgres)
 	l := newLocker(b, srv.Addr(), opts)
 	ls, err := l.TryAcquire(context.Background(), uniqueName(b), nil) // warm the pool
 	if err != nil {
@@ -115,7 +115,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // BenchmarkRawFloor is the floor cycle on a pinned connection.
 func BenchmarkRawFloor(b *testing.B) {
 	ctx := context.Background()
-	c := rawConn(b, servers.Require(b, servers.Postgres).Addr())
+	c := rawConn(b, dlocktest.Require(b, dlocktest.Postgres).Addr())
 	name := uniqueName(b)
 	rawCycle(b, ctx, c, name)
 	lat := make(latencies, 0, b.N)
@@ -136,7 +136,7 @@ func BenchmarkRatio(b *testing.B) {
 		b.Run(v.name, func(b *testing.B) {
 			ctx := context.Background()
 			l := benchLocker(b, v.opts)
-			c := rawConn(b, servers.Require(b, servers.Postgres).Addr())
+			c := rawConn(b, dlocktest.Require(b, dlocktest.Postgres).Addr())
 			name, rawName := uniqueName(b), uniqueName(b)
 			rawCycle(b, ctx, c, rawName)
 			dl := make(latencies, 0, b.N)
@@ -190,7 +190,7 @@ func BenchmarkContended(b *testing.B) {
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
 			ctx := context.Background()
-			addr := servers.Require(b, servers.Postgres).Addr()
+			addr := dlocktest.Require(b, dlocktest.Postgres).Addr()
 			lockers := make([]*dlock.Locker, contendedWorkers)
 			conns := make([]*pgx.Conn, contendedWorkers)
 			for i := range lockers {

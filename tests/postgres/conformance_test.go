@@ -9,7 +9,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 )
@@ -72,7 +72,7 @@ func residue(ctx context.Context, c *pgx.Conn, name string) ([]string, error) {
 // Chaos section may pause and restart.
 type ownServer struct {
 	harness
-	srv *servers.Server
+	srv *dlocktest.Server
 }
 
 func (h ownServer) PauseServer(ctx context.Context) error   { return h.srv.Pause(ctx) }
@@ -86,11 +86,11 @@ func runConformance(t *testing.T, cfg conformance.Config) { runConformanceOf(t, 
 
 func runConformanceOf(t *testing.T, cfg conformance.Config, shared bool) {
 	if os.Getenv("DLOCK_POSTGRES_ADDR") != "" {
-		srv := servers.Require(t, servers.Postgres)
+		srv := dlocktest.Require(t, dlocktest.Postgres)
 		conformance.RunConfig(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr()), shared: shared}, cfg)
 		return
 	}
-	srv := servers.RequireNew(t, servers.Postgres)
+	srv := dlocktest.RequireNew(t, dlocktest.Postgres)
 	conformance.RunConfig(t, ownServer{harness{addr: srv.Addr(), shared: shared}, srv}, cfg)
 }
 

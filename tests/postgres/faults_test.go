@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 )
 
@@ -17,7 +17,7 @@ import (
 // would, and the waiter is granted with a higher fencing token.
 func TestTerminateBackend(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -65,7 +65,7 @@ func TestTerminateBackend(t *testing.T) {
 // tolerance) after it. The lease's loss signal comes first.
 func TestIdleSessionTimeout(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := proxied(t, srv.Addr())
 	ttl := time.Second
@@ -112,7 +112,7 @@ func TestIdleSessionTimeout(t *testing.T) {
 // and fencing tokens taken after the restart exceed every one from before.
 func TestServerRestart(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.RequireNew(t, servers.Postgres)
+	srv := dlocktest.RequireNew(t, dlocktest.Postgres)
 	l := newLocker(t, srv.Addr(), nil)
 	w := newLocker(t, srv.Addr(), nil)
 	names := []string{uniqueName(t), uniqueName(t), uniqueName(t)}
@@ -173,7 +173,7 @@ func TestServerRestart(t *testing.T) {
 // lease holds on. (A Release cut short drops it, and says so.)
 func TestCancelledCtxKeepsLock(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := proxied(t, srv.Addr())
 	a := newLocker(t, p.Addr(), &postgres.Options{Defaults: dlock.Options{TTL: 10 * time.Second}})
@@ -281,7 +281,7 @@ func TestCancelledCtxKeepsLock(t *testing.T) {
 // the waiting backend left the queue.
 func TestCancelledWaitLeavesQueue(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -318,7 +318,7 @@ func TestCancelledWaitLeavesQueue(t *testing.T) {
 // returned a lease holds it.
 func TestGrantCancelRace(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -361,7 +361,7 @@ func TestGrantCancelRace(t *testing.T) {
 // Waiters are granted in the order they queued (the server's lock queue).
 func TestFIFO(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	holder := newLocker(t, srv.Addr(), nil)
 	name := uniqueName(t)

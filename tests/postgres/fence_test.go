@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 )
@@ -22,7 +22,7 @@ import (
 // would be below the earlier ones.
 func TestFenceAfterCrashThatLostValues(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.RequireNew(t, servers.Postgres)
+	srv := dlocktest.RequireNew(t, dlocktest.Postgres)
 	l := newLocker(t, srv.Addr(), nil)
 	name := uniqueName(t)
 	var top uint64
@@ -72,7 +72,7 @@ func TestFenceAfterCrashThatLostValues(t *testing.T) {
 // it (and granted the rights), the role fences.
 func TestFenceObjectsByAdministrator(t *testing.T) {
 	ctx := testCtx(t)
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	admin := rawConn(t, addr)
 	suffix := fmt.Sprintf("%d", time.Now().UnixNano())
 	schema, role := "fence_"+suffix, "fencer_"+suffix

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 )
@@ -20,7 +20,7 @@ import (
 // excluded by it and excludes it, both ways, with and without a key prefix.
 func TestRawSQLInterop(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	for _, prefix := range []string{"", "app/"} {
 		t.Run("prefix="+prefix, func(t *testing.T) {
@@ -102,7 +102,7 @@ func TestRawSQLInterop(t *testing.T) {
 // same statements over a raw connection either way.
 func TestPsqlInterop(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	psql, err := exec.LookPath("psql")
 	if err != nil {
 		if os.Getenv("DLOCK_REQUIRE_BACKENDS") == "1" {
@@ -114,8 +114,8 @@ func TestPsqlInterop(t *testing.T) {
 	host, port, _ := strings.Cut(srv.Addr(), ":")
 	run := func(ctx context.Context, sql string) *exec.Cmd {
 		cmd := exec.CommandContext(ctx, psql, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-			"-h", host, "-p", port, "-U", servers.PostgresUser, "-d", servers.PostgresDatabase, "-c", sql)
-		cmd.Env = append(os.Environ(), "PGPASSWORD="+servers.PostgresPassword, "PGCONNECT_TIMEOUT=10")
+			"-h", host, "-p", port, "-U", dlocktest.PostgresUser, "-d", dlocktest.PostgresDatabase, "-c", sql)
+		cmd.Env = append(os.Environ(), "PGPASSWORD="+dlocktest.PostgresPassword, "PGCONNECT_TIMEOUT=10")
 		return cmd
 	}
 	l := newLocker(t, srv.Addr(), nil)
@@ -179,7 +179,7 @@ func TestPsqlInterop(t *testing.T) {
 // pooler) and the simple protocol included.
 func TestQueryExecModes(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	for _, mode := range []pgx.QueryExecMode{
 		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
 		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -172,7 +172,7 @@ func release(t testing.TB, ls *dlock.Lease) {
 // from the lock of the same name; writers fence, readers do not.
 func TestRWLockExclusion(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -241,7 +241,7 @@ func TestRWLockExclusion(t *testing.T) {
 // that reader leaves, the queued reader when the writer does.
 func TestRWLockWriterPreference(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -278,7 +278,7 @@ func TestRWLockWriterPreference(t *testing.T) {
 // out are granted at once.
 func TestRWLockCancelledWriterLetsReadersIn(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -310,7 +310,7 @@ func TestRWLockCancelledWriterLetsReadersIn(t *testing.T) {
 // fence; a release lets the next one in.
 func TestSemaphoreLimit(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -407,7 +407,7 @@ func TestSemaphoreLimit(t *testing.T) {
 // the order the waiters came.
 func TestSemaphoreWaitersInOrder(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -462,7 +462,7 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 // again within its backoff.
 func TestSemaphoreTerminatedHolder(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -495,7 +495,7 @@ func TestSemaphoreTerminatedHolder(t *testing.T) {
 // queue, nor a hold of the limit's key.
 func TestSemaphoreCancelledWait(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -533,7 +533,7 @@ func TestSemaphoreCancelledWait(t *testing.T) {
 // leader's grant deletes it; nothing is left once the last leader resigned.
 func TestElection(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -614,7 +614,7 @@ func TestElection(t *testing.T) {
 // carries none of it into the next lease of the same name.
 func TestMetadataNotInherited(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	a := newLocker(t, srv.Addr(), nil)
 	name := uniqueName(t)
 	opts := &dlock.Options{TTL: 5 * time.Second, Metadata: "first"}
@@ -645,7 +645,7 @@ func TestMetadataNotInherited(t *testing.T) {
 // it lies within its hold on the server, so an overlap here is one there.)
 func TestSemaphoreMismatchRace(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	name := uniqueName(t)
 	type hold struct {
@@ -713,7 +713,7 @@ func TestSemaphoreMismatchRace(t *testing.T) {
 // lease's settings left.
 func TestKindsConnectionsReturned(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "", 4)
 	var idle, sync string
 	if err := pool.QueryRow(ctx, "SELECT current_setting('idle_session_timeout'), current_setting('synchronous_commit')").Scan(&idle, &sync); err != nil {
@@ -822,7 +822,7 @@ func TestKindsConnectionsReturned(t *testing.T) {
 // its look. runListening reads it.
 func TestRunListeningHearsNotificationDuringStatement(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	listener, notifier := rawConn(t, srv.Addr()), rawConn(t, srv.Addr())
 	channel := fmt.Sprintf("dlock_test_%d", time.Now().UnixNano())
 	if _, err := listener.Exec(ctx, `LISTEN "`+channel+`"`); err != nil {
@@ -872,7 +872,7 @@ func TestRunListeningHearsNotificationDuringStatement(t *testing.T) {
 // granted.
 func TestRWLockTerminatedHolders(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
@@ -923,7 +923,7 @@ func TestRWLockTerminatedHolders(t *testing.T) {
 // the permit released meanwhile.
 func TestSemaphoreBlackholedHead(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := proxied(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)

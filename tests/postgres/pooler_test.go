@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -191,7 +191,7 @@ func pooledLocker(t testing.TB, addr string, opts *postgres.Options) *dlock.Lock
 // taken, and a waiting Acquire does not retry.
 func TestPoolerRefused(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := newTxPooler(t, srv.Addr(), true)
 	l := pooledLocker(t, p.Addr(), nil)
@@ -216,7 +216,7 @@ func TestPoolerRefused(t *testing.T) {
 // connection, and so its session, is closed).
 func TestPoolerFoundMidLease(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	for _, op := range []string{"Held", "Refresh", "Release"} {
 		t.Run(op, func(t *testing.T) {
@@ -251,7 +251,7 @@ func TestPoolerFoundMidLease(t *testing.T) {
 // either refused at once or lost at the lease's next statement.
 func TestPoolerPassingKeyThrough(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := newTxPooler(t, srv.Addr(), false)
 	l := pooledLocker(t, p.Addr(), nil)

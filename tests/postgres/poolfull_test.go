@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // With every connection of the pool holding a lease, an acquisition fails
@@ -16,7 +16,7 @@ import (
 // instead of waiting for a connection until its ctx ends; a release makes
 // room again.
 func TestPoolExhaustedFailsFast(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testCtx(t)
 	l, err := dlock.Open(ctx, dsn(addr)+"&pool_max_conns=2")
 	if err != nil {

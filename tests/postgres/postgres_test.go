@@ -14,18 +14,17 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/internal/servers/servertest"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-func TestMain(m *testing.M) { servertest.Main(m) }
+func TestMain(m *testing.M) { dlocktest.Main(m) }
 
 // dsn is the URL of the test server at addr.
 func dsn(addr string) string {
-	return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", servers.PostgresUser, servers.PostgresPassword, addr, servers.PostgresDatabase)
+	return fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", dlocktest.PostgresUser, dlocktest.PostgresPassword, addr, dlocktest.PostgresDatabase)
 }
 
 // poolConfig is a pool configuration for addr.
@@ -275,7 +274,7 @@ func itoa(n int32) string { return fmt.Sprint(n) }
 // connection.
 func TestKeepAlive(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	c := rawConn(t, srv.Addr())
 	if _, err := c.Exec(ctx, "SET idle_session_timeout = 1000"); err != nil {
 		t.Fatal(err)
@@ -304,7 +303,7 @@ func TestKeepAlive(t *testing.T) {
 // short by its ctx, or by the session's end, closes the connection.
 func TestFastUnlock(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	var oid uint32
 	if err := raw.QueryRow(ctx, "SELECT 'pg_advisory_unlock(bigint)'::regprocedure::oid").Scan(&oid); err != nil {

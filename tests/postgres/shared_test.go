@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // openShared opens a Locker with shared sessions on addr, with params added
@@ -31,7 +31,7 @@ func openShared(t *testing.T, ctx context.Context, addr, params string) *dlock.L
 // one of them loses exactly the leases whose locks it held, each reporting
 // the loss promptly, while every other lease is still held and refreshed.
 func TestSharedSessionEndLosesExactlyItsLeases(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testCtx(t)
 	l := openShared(t, ctx, addr, "")
 	prefix := "shared-end-" + rand.Text()[:8] + "-"
@@ -127,7 +127,7 @@ func TestSharedSessionEndLosesExactlyItsLeases(t *testing.T) {
 // with ErrResourceLimit naming wait_conns (not waiting until its ctx ends),
 // and succeeds once the first wait is over and its lease released.
 func TestSharedWaitConnsBounded(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testCtx(t)
 	a := openShared(t, ctx, addr, "")
 	b := openShared(t, ctx, addr, "&wait_conns=1")
@@ -188,7 +188,7 @@ func TestSharedWaitConnsBounded(t *testing.T) {
 // A Locker holding many leases on shared sessions uses few connections:
 // 500 leases of one TTL on at most shared_conns (4) backends.
 func TestSharedSessionsFewConnections(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testCtx(t)
 	l := openShared(t, ctx, addr, "")
 	prefix := "shared-few-" + rand.Text()[:8] + "-"
@@ -240,7 +240,7 @@ func TestSharedSessionsFewConnections(t *testing.T) {
 // second Acquire waits (on a connection of its own) until the first lease
 // is released, and is then granted.
 func TestSharedSameNameTwice(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testCtx(t)
 	l := openShared(t, ctx, addr, "")
 	name := "shared-twice-" + rand.Text()[:8]
@@ -276,7 +276,7 @@ func TestSharedSameNameTwice(t *testing.T) {
 // was shortened by a refresh (6s to 1s), so a sweep that still went by the
 // TTL of the acquisition would free it about 5s late.
 func TestSharedUnrefreshedLeaseExpires(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testCtx(t)
 	l := openShared(t, ctx, addr, "&shared_conns=1")
 	prefix := "shared-unrefreshed-" + rand.Text()[:8] + "-"
@@ -319,7 +319,7 @@ func TestSharedUnrefreshedLeaseExpires(t *testing.T) {
 // not waiting for its ctx; locks keep being granted on the shared session
 // meanwhile, and a permit's release makes room again.
 func TestSharedPermitsBoundedByPool(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testCtx(t)
 	l := openShared(t, ctx, addr, "&pool_max_conns=8")
 	prefix := "shared-permits-" + rand.Text()[:8] + "-"
@@ -375,7 +375,7 @@ func TestSharedPermitsBoundedByPool(t *testing.T) {
 // shared session first (whose last statement stays as it was), and is
 // granted in turn.
 func TestSharedBusyNameWaitsAtOnce(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testCtx(t)
 	l := openShared(t, ctx, addr, "&shared_conns=1")
 	prefix := "shared-busy-" + rand.Text()[:8] + "-"

@@ -6,7 +6,7 @@ import (
 
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/dlock/dlock/queue"
 	qconf "github.com/dlock/dlock/queue/conformance"
@@ -60,7 +60,7 @@ func (h queueHarness) Residue(ctx context.Context, name string) ([]string, error
 
 // The task queue on PostgreSQL passes the suite.
 func TestQueueConformance(t *testing.T) {
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw, err := pgxpool.New(t.Context(), dsn(srv.Addr()))
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/postgres"
 	"github.com/dlock/dlock/queue"
 	"github.com/jackc/pgx/v5"
@@ -67,7 +67,7 @@ func firstNotification(t *testing.T, c *pgx.Conn) string {
 // notified.
 func TestEnqueueNotifiesOnlyRegisteredListeners(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	q := newTaskQueue(t, pool, table, uniqueName(t))
 	listener, marker := rawConn(t, srv.Addr()), rawConn(t, srv.Addr())
@@ -110,7 +110,7 @@ func TestEnqueueNotifiesOnlyRegisteredListeners(t *testing.T) {
 // sleep until queue's longest wait, 5s, past its 3s ctx).
 func TestWakeupBarrier(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	name := uniqueName(t)
 	producer := newTaskQueue(t, pool, table, name)
@@ -198,7 +198,7 @@ func awaitRow(t *testing.T, c *pgx.Conn, what, query string, args ...any) {
 // tasks_due.go): the bound then counts from the due time.
 func TestNoMissedWakeups(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	const pairs, rounds = 4, 60
 	if _, err := newTaskQueue(t, pool, table, "setup").Len(ctx); err != nil {
@@ -282,7 +282,7 @@ func TestNoMissedWakeups(t *testing.T) {
 // queue's longest wait (5s): they notify as Enqueue does.
 func TestNackAndRequeueWake(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	name := uniqueName(t)
 	a := newTaskQueue(t, pool, table, name)
@@ -358,7 +358,7 @@ func TestNackAndRequeueWake(t *testing.T) {
 // session alive: enqueues stop notifying, and no connection is lost.
 func TestListenerDropsWaitersKey(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	q := newTaskQueue(t, pool, table, uniqueName(t))
 	watch := rawConn(t, srv.Addr())

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/dlocktest"
 	dlockdriver "github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/postgres"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -91,7 +91,7 @@ func TestSchemesRegistered(t *testing.T) {
 
 func TestOpen(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	l, err := dlock.Open(ctx, dsn(srv.Addr())+"&ttl=5s&prefix=opened/&application_name=dlock-open-test")
 	if err != nil {
@@ -142,7 +142,7 @@ func TestOpen(t *testing.T) {
 
 func TestOpenFails(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	for _, tc := range []struct{ what, url string }{
 		{"wrong password", "postgres://postgres:wr0ngpass@" + srv.Addr() + "/postgres?sslmode=disable"},
 		{"unknown parameter", dsn(srv.Addr()) + "&tll=5s"},
@@ -185,7 +185,7 @@ func appPool(t *testing.T, addr, params string, maxConns int32) *pgxpool.Pool {
 // Closing the Locker leaves the pool open.
 func TestApplicationPool(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "&idle_session_timeout=77000", 2)
 	l, err := postgres.New(pool, nil)
 	if err != nil {
@@ -246,7 +246,7 @@ func TestApplicationPool(t *testing.T) {
 // application's settings. A shorter TTL gives the connection back at once.
 func TestParkedConnection(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "&idle_session_timeout=77000", 4) // parks one
 	l, err := postgres.New(pool, nil)
 	if err != nil {
@@ -320,7 +320,7 @@ func TestParkedConnection(t *testing.T) {
 // a cancelled wait, the Locker's Close.
 func TestConnectionsReturned(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	pool := appPool(t, srv.Addr(), "", 4)
 	l, err := postgres.New(pool, nil)
@@ -393,7 +393,7 @@ func TestConnectionsReturned(t *testing.T) {
 // not survive the drop.)
 func TestPreparedStatementsDropped(t *testing.T) {
 	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "", 1)
 	l, err := postgres.New(pool, nil)
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/redis"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -107,7 +107,7 @@ func stateKeys(name string) []string {
 // servers run).
 type ownServer struct {
 	harness
-	srv *servers.Server
+	srv *dlocktest.Server
 }
 
 func (h ownServer) PauseServer(ctx context.Context) error   { return h.srv.Pause(ctx) }
@@ -119,11 +119,11 @@ func (h ownServer) RestartServer(ctx context.Context) error { return h.srv.Resta
 // it runs without server faults.
 func runConformance(t *testing.T, compat bool, cfg conformance.Config) {
 	external := os.Getenv("DLOCK_REDIS_ADDR") != ""
-	var srv *servers.Server
+	var srv *dlocktest.Server
 	if external {
-		srv = servers.Require(t, servers.Redis)
+		srv = dlocktest.Require(t, dlocktest.Redis)
 	} else {
-		srv = servers.RequireNew(t, servers.Redis)
+		srv = dlocktest.RequireNew(t, dlocktest.Redis)
 	}
 	raw := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = raw.Close() })

@@ -18,21 +18,20 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
+	"github.com/dlock/dlock/dlocktest"
 	dlockdriver "github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/internal/servers/servertest"
 	"github.com/dlock/dlock/redis"
 	"github.com/go-redsync/redsync/v4"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	goredis "github.com/redis/go-redis/v9"
 )
 
-func TestMain(m *testing.M) { servertest.Main(m) }
+func TestMain(m *testing.M) { dlocktest.Main(m) }
 
 // redisAddr returns the address of the test binary's shared Redis server.
 func redisAddr(t testing.TB) string {
 	t.Helper()
-	return servers.Require(t, servers.Redis).Addr()
+	return dlocktest.Require(t, dlocktest.Redis).Addr()
 }
 
 // newClient returns a go-redis client on addr, closed at cleanup.

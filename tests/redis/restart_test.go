@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/redis"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -25,7 +25,7 @@ func serverMicros(t *testing.T, raw *goredis.Client) uint64 {
 // restartForgetting restarts srv (SIGKILL, then start) and checks, by a
 // marker key set before it under prefix p, that the restart forgot the
 // keys: the server runs without persistence.
-func restartForgetting(t *testing.T, ctx context.Context, srv *servers.Server, raw *goredis.Client, p string) {
+func restartForgetting(t *testing.T, ctx context.Context, srv *dlocktest.Server, raw *goredis.Client, p string) {
 	t.Helper()
 	marker := p + "restart-marker"
 	if err := raw.Set(ctx, marker, "1", 0).Err(); err != nil {
@@ -44,7 +44,7 @@ func restartForgetting(t *testing.T, ctx context.Context, srv *servers.Server, r
 // starts at the server's clock in µs. A counter that exists (one an earlier
 // version started at 1) keeps counting from its value.
 func TestFenceAfterRestart(t *testing.T) {
-	srv := servers.RequireNew(t, servers.Redis)
+	srv := dlocktest.RequireNew(t, dlocktest.Redis)
 	ctx := testCtx(t)
 	raw := newClient(t, srv.Addr())
 	p := testPrefix(t, raw)
@@ -101,7 +101,7 @@ func TestFenceAfterRestart(t *testing.T) {
 // first grant after it is never a handoff; TestFenceAfterCounterLost covers
 // a handoff that finds the counter missing.)
 func TestFenceAfterRestartQueued(t *testing.T) {
-	srv := servers.RequireNew(t, servers.Redis)
+	srv := dlocktest.RequireNew(t, dlocktest.Redis)
 	ctx := testCtx(t)
 	addr := srv.Addr()
 	raw := newClient(t, addr)

@@ -11,7 +11,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/redis"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -112,7 +112,7 @@ func (harness) residueOn(ctx context.Context, c goredis.UniversalClient, name st
 // messages, PUBLISHed on whichever master holds the lock, reach the
 // Locker's pub/sub connection on whichever node it is.
 func TestClusterClientConformance(t *testing.T) {
-	cl := servers.RequireRedisCluster(t)
+	cl := dlocktest.RequireRedisCluster(t)
 	raw := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = raw.Close() })
 	// A short Chaos section: the plain-client suite runs the long one.
@@ -130,7 +130,7 @@ func TestClusterClientConformance(t *testing.T) {
 // connection is on one node gets the lock released on another node at once
 // (by its grant message), not at its poll interval.
 func TestClusterClientHandoffAcrossNodes(t *testing.T) {
-	cl := servers.RequireRedisCluster(t)
+	cl := dlocktest.RequireRedisCluster(t)
 	ctx := testCtx(t)
 	newCluster := func() *goredis.ClusterClient {
 		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true})
@@ -207,9 +207,9 @@ func waitQueuedOn(t *testing.T, c goredis.UniversalClient, name string) {
 // The driver on a *goredis.FailoverClient (Sentinel) passes the suite (its
 // Chaos section for 5s, client-side faults only).
 func TestFailoverClientConformance(t *testing.T) {
-	rs := servers.RequireRedisSentinel(t)
+	rs := dlocktest.RequireRedisSentinel(t)
 	raw := goredis.NewFailoverClient(&goredis.FailoverOptions{
-		MasterName: servers.MasterName, SentinelAddrs: []string{rs.Sentinel.Addr()},
+		MasterName: dlocktest.MasterName, SentinelAddrs: []string{rs.Sentinel.Addr()},
 		Dialer: rs.Dial, ContextTimeoutEnabled: true,
 	})
 	t.Cleanup(func() { _ = raw.Close() })
@@ -218,7 +218,7 @@ func TestFailoverClientConformance(t *testing.T) {
 		addrs: addrs,
 		newClient: func(dial func(context.Context, string, string) (net.Conn, error)) goredis.UniversalClient {
 			return goredis.NewFailoverClient(&goredis.FailoverOptions{
-				MasterName: servers.MasterName, SentinelAddrs: []string{rs.Sentinel.Addr()},
+				MasterName: dlocktest.MasterName, SentinelAddrs: []string{rs.Sentinel.Addr()},
 				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 					return dial(ctx, network, rs.PublishedAddr(addr))
 				},
@@ -236,11 +236,11 @@ func TestFailoverClientConformance(t *testing.T) {
 // release (the grant reaches its pub/sub connection, moved or not), and
 // the fence keeps increasing.
 func TestFailoverClientFailover(t *testing.T) {
-	rs := servers.RequireRedisSentinel(t)
+	rs := dlocktest.RequireRedisSentinel(t)
 	ctx := testCtx(t)
 	newFailover := func() *goredis.Client {
 		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
-			MasterName: servers.MasterName, SentinelAddrs: []string{rs.Sentinel.Addr()},
+			MasterName: dlocktest.MasterName, SentinelAddrs: []string{rs.Sentinel.Addr()},
 			Dialer: rs.Dial, ContextTimeoutEnabled: true,
 		})
 		t.Cleanup(func() { _ = c.Close() })
@@ -270,12 +270,12 @@ func TestFailoverClientFailover(t *testing.T) {
 
 	sentinel := goredis.NewSentinelClient(&goredis.Options{Addr: rs.Sentinel.Addr(), ContextTimeoutEnabled: true})
 	defer sentinel.Close()
-	if err := sentinel.Failover(ctx, servers.MasterName).Err(); err != nil {
+	if err := sentinel.Failover(ctx, dlocktest.MasterName).Err(); err != nil {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		addr, err := sentinel.GetMasterAddrByName(ctx, servers.MasterName).Result()
+		addr, err := sentinel.GetMasterAddrByName(ctx, dlocktest.MasterName).Result()
 		if err == nil && rs.PublishedAddr(net.JoinHostPort(addr[0], addr[1])) == rs.Replica.Addr() {
 			break
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/dlock/dlock/conformance"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/queue"
 	qconf "github.com/dlock/dlock/queue/conformance"
 	"github.com/dlock/dlock/redis"
@@ -64,7 +64,7 @@ func TestQueueConformance(t *testing.T) {
 // share one slot, and its wake-ups reach the waiters' pub/sub connections
 // wherever they are.
 func TestQueueClusterConformance(t *testing.T) {
-	cl := servers.RequireRedisCluster(t)
+	cl := dlocktest.RequireRedisCluster(t)
 	raw := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = raw.Close() })
 	qconf.Run(t, queueHarness{

@@ -9,13 +9,12 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/conformance/faultnet"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/internal/redishub"
-	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/internal/servers/servertest"
 	goredis "github.com/redis/go-redis/v9"
 )
 
-func TestMain(m *testing.M) { servertest.Main(m) }
+func TestMain(m *testing.M) { dlocktest.Main(m) }
 
 // routeGrant is the redis driver's routing: "g:<key>:<anything>" is for the
 // waiter of key.
@@ -97,7 +96,7 @@ func numSub(t *testing.T, raw *goredis.Client, channel string) int64 {
 // gave up early (subscribe, then unsubscribe in flight) interleaves with it;
 // once nobody watches, the channel is unsubscribed and its state dropped.
 func TestWatchReadyMeansSubscribed(t *testing.T) {
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	raw := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer raw.Close()
 	h := newHub(t, addr, 3*time.Second)
@@ -143,7 +142,7 @@ func TestWatchReadyMeansSubscribed(t *testing.T) {
 // 5ms, SUBSCRIBE at 30ms; the first confirmation arrives at 40ms, when the
 // server has processed the UNSUBSCRIBE but not yet the second SUBSCRIBE.
 func TestWatchWaitsForItsOwnConfirmation(t *testing.T) {
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	raw := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer raw.Close()
 	proxy, err := faultnet.Listen(addr)
@@ -187,7 +186,7 @@ func TestWatchWaitsForItsOwnConfirmation(t *testing.T) {
 // timeout plus one read wake-up, instead of waiting out its ctx, and the
 // existing waiters are woken. After the heal, watching works again.
 func TestWatchFailsOnSilentConnection(t *testing.T) {
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	proxy, err := faultnet.Listen(addr)
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +242,7 @@ func TestWatchFailsOnSilentConnection(t *testing.T) {
 // once it answers again they are woken again after the resubscription.
 func TestSilentConnectionPinged(t *testing.T) {
 	const pingIdle = 200 * time.Millisecond
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	raw := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer raw.Close()
 	proxy, err := faultnet.Listen(addr)
@@ -302,7 +301,7 @@ func TestSilentConnectionPinged(t *testing.T) {
 // Messages that Route gives a key reach only the waiter watching with that
 // key; other messages reach every waiter of the channel.
 func TestGrantRouting(t *testing.T) {
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	raw := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer raw.Close()
 	h := newHub(t, addr, 3*time.Second)
@@ -359,7 +358,7 @@ func TestGrantRouting(t *testing.T) {
 // A channel stays subscribed for the linger time after its last waiter
 // left, so that watching it again costs no SUBSCRIBE; then it is dropped.
 func TestLinger(t *testing.T) {
-	addr := servers.Require(t, servers.Redis).Addr()
+	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	raw := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer raw.Close()
 	h := newHub(t, addr, 3*time.Second)

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/redis"
 	"github.com/dlock/dlock/redlock"
 	"github.com/go-redsync/redsync/v4"
@@ -38,15 +38,15 @@ import (
 var rawRelease = goredis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
 
 // benchCluster is 5 servers for the whole benchmark binary's run.
-var benchCluster = sync.OnceValues(func() ([]*servers.Server, error) {
-	srvs := make([]*servers.Server, 5)
+var benchCluster = sync.OnceValues(func() ([]*dlocktest.Server, error) {
+	srvs := make([]*dlocktest.Server, 5)
 	errs := make([]error, 5)
 	var wg sync.WaitGroup
 	for i := range srvs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			srvs[i], errs[i] = servers.Start(context.Background(), servers.Redis, nil)
+			srvs[i], errs[i] = dlocktest.Start(context.Background(), dlocktest.Redis, nil)
 		}()
 	}
 	wg.Wait()

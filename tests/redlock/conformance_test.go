@@ -10,7 +10,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/redlock"
 )
 
@@ -26,18 +26,18 @@ type harness struct {
 }
 
 func (h harness) PauseServer(ctx context.Context) error {
-	return h.onFaulted(ctx, (*servers.Server).Pause)
+	return h.onFaulted(ctx, (*dlocktest.Server).Pause)
 }
 
 func (h harness) ResumeServer(ctx context.Context) error {
-	return h.onFaulted(ctx, (*servers.Server).Unpause)
+	return h.onFaulted(ctx, (*dlocktest.Server).Unpause)
 }
 
 func (h harness) RestartServer(ctx context.Context) error {
-	return h.onFaulted(ctx, (*servers.Server).Restart)
+	return h.onFaulted(ctx, (*dlocktest.Server).Restart)
 }
 
-func (h harness) onFaulted(ctx context.Context, op func(*servers.Server, context.Context) error) error {
+func (h harness) onFaulted(ctx context.Context, op func(*dlocktest.Server, context.Context) error) error {
 	errs := make([]error, len(h.faulted))
 	var wg sync.WaitGroup
 	for k, i := range h.faulted {

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/dlocktest"
 	dlockdriver "github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/redlock"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -33,20 +33,20 @@ func fenceKey(name string) string { return lockKey(name) + ":fence" }
 // fault is a way to take nodes out and bring them back.
 type fault struct {
 	name    string
-	apply   func(*servers.Server, context.Context) error
-	restore func(*servers.Server, context.Context) error
+	apply   func(*dlocktest.Server, context.Context) error
+	restore func(*dlocktest.Server, context.Context) error
 }
 
 var (
-	pause = fault{"paused", (*servers.Server).Pause, (*servers.Server).Unpause}
-	kill  = fault{"killed", (*servers.Server).Stop, (*servers.Server).Start}
+	pause = fault{"paused", (*dlocktest.Server).Pause, (*dlocktest.Server).Unpause}
+	kill  = fault{"killed", (*dlocktest.Server).Stop, (*dlocktest.Server).Start}
 )
 
 // breakNodes applies f to the given nodes at once and restores them at
 // cleanup (or when the returned func is called, whichever comes first).
 func (c *cluster) breakNodes(t *testing.T, f fault, nodes ...int) (restore func()) {
 	t.Helper()
-	run := func(op func(*servers.Server, context.Context) error) error {
+	run := func(op func(*dlocktest.Server, context.Context) error) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		errs := make([]error, len(nodes))

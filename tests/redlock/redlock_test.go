@@ -13,8 +13,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/internal/servers/servertest"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/redlock"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -27,33 +26,33 @@ func (quiet) Printf(context.Context, string, ...any) {}
 
 func TestMain(m *testing.M) {
 	goredis.SetLogger(quiet{})
-	servertest.Main(m)
+	dlocktest.Main(m)
 }
 
 // cluster is a set of independent Redis servers started for one test, each
 // in its own container, closed at the test's cleanup.
 type cluster struct {
-	srvs []*servers.Server
+	srvs []*dlocktest.Server
 	raws []*goredis.Client // straight to each server, for inspection
 }
 
 // newCluster starts n Redis servers at once. Without Docker it skips, or
-// fails with DLOCK_REQUIRE_BACKENDS=1, as servers.RequireNew does.
-func newCluster(t testing.TB, n int, opts *servers.StartOptions) *cluster {
+// fails with DLOCK_REQUIRE_BACKENDS=1, as dlocktest.RequireNew does.
+func newCluster(t testing.TB, n int, opts *dlocktest.StartOptions) *cluster {
 	t.Helper()
 	if os.Getenv("DLOCK_REDIS_ADDR") != "" {
 		t.Skip("redlock tests need servers of their own, but DLOCK_REDIS_ADDR names an external one")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
-	c := &cluster{srvs: make([]*servers.Server, n), raws: make([]*goredis.Client, n)}
+	c := &cluster{srvs: make([]*dlocktest.Server, n), raws: make([]*goredis.Client, n)}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.srvs[i], errs[i] = servers.Start(ctx, servers.Redis, opts)
+			c.srvs[i], errs[i] = dlocktest.Start(ctx, dlocktest.Redis, opts)
 		}()
 	}
 	wg.Wait()
@@ -67,8 +66,8 @@ func newCluster(t testing.TB, n int, opts *servers.StartOptions) *cluster {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		if errors.Is(err, servers.ErrNoDocker) {
-			if v, _ := strconv.ParseBool(os.Getenv(servers.RequireBackendsEnv)); !v {
+		if errors.Is(err, dlocktest.ErrNoDocker) {
+			if v, _ := strconv.ParseBool(os.Getenv(dlocktest.RequireBackendsEnv)); !v {
 				t.Skipf("no Redis servers: %v", err)
 			}
 		}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/redlock"
 )
 
@@ -144,7 +144,7 @@ func TestDelayedRestart(t *testing.T) {
 // keeps the lock and its counter: the contender is refused.
 func TestRestartWithPersistence(t *testing.T) {
 	ctx := testCtx(t)
-	c := newCluster(t, 5, &servers.StartOptions{Cmd: []string{"--appendonly", "yes", "--appendfsync", "always"}})
+	c := newCluster(t, 5, &dlocktest.StartOptions{Cmd: []string{"--appendonly", "yes", "--appendfsync", "always"}})
 	_, b, _, la := restartSetup(t, c, 10*time.Second)
 	if err := c.srvs[2].Restart(ctx); err != nil {
 		t.Fatal(err)

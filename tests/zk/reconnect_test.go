@@ -12,13 +12,12 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/internal/servers/servertest"
+	"github.com/dlock/dlock/dlocktest"
 	izk "github.com/dlock/dlock/internal/zk"
 	"github.com/go-zookeeper/zk"
 )
 
-func TestMain(m *testing.M) { servertest.Main(m) }
+func TestMain(m *testing.M) { dlocktest.Main(m) }
 
 // upstreamEnv, set to 1, runs TestReconnectWithWatches with upstream's
 // client instead of this copy, to see it fail under -race with the data
@@ -104,7 +103,7 @@ func (h *oneHost) Connected() {
 // still fire after all those reconnections.
 func TestReconnectWithWatches(t *testing.T) {
 	began := time.Now()
-	srv := servers.Require(t, servers.ZooKeeper)
+	srv := dlocktest.Require(t, dlocktest.ZooKeeper)
 	p, err := faultnet.Listen(srv.Addr())
 	if err != nil {
 		t.Fatal(err)

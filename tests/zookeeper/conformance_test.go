@@ -11,7 +11,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/zookeeper"
 	"github.com/go-zookeeper/zk"
 )
@@ -87,7 +87,7 @@ func newHarness(t *testing.T) harness {
 // Chaos section may pause and restart.
 type ownServer struct {
 	harness
-	srv *servers.Server
+	srv *dlocktest.Server
 }
 
 func (h ownServer) PauseServer(ctx context.Context) error   { return h.srv.Pause(ctx) }
@@ -102,7 +102,7 @@ func TestConformance(t *testing.T) {
 		conformance.Run(t, newHarness(t))
 		return
 	}
-	srv := servers.RequireNewWith(t, servers.ZooKeeper, fastConfig)
+	srv := dlocktest.RequireNewWith(t, dlocktest.ZooKeeper, fastConfig)
 	h := harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr(), 10*time.Second), root: "/dlock-conformance"}
 	conformance.Run(t, reconnecting{ownServer{h, srv}})
 }

@@ -25,7 +25,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/zookeeper"
 	"github.com/go-zookeeper/zk"
 )
@@ -409,7 +409,7 @@ func TestOrphanSweptOnResume(t *testing.T) {
 // every Locker is granted again, and nothing is left once they stop.
 func TestOrphanPause(t *testing.T) {
 	t.Cleanup(zookeeperexport.SetIdleAfter(time.Minute)) // no idle session closes, which would take orphans along
-	srv := servers.RequireNewWith(t, servers.ZooKeeper, fastConfig)
+	srv := dlocktest.RequireNewWith(t, dlocktest.ZooKeeper, fastConfig)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ttl := time.Second
@@ -531,7 +531,7 @@ func TestOrphanChaos(t *testing.T) {
 		}
 	})
 	rng := rand.New(rand.NewPCG(seed, seed>>1))
-	srv := servers.RequireNewWith(t, servers.ZooKeeper, fastConfig)
+	srv := dlocktest.RequireNewWith(t, dlocktest.ZooKeeper, fastConfig)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	ttl := time.Second
@@ -658,7 +658,7 @@ func TestOrphanChaos(t *testing.T) {
 // orphanSetup is the start of the orphan tests: a server of the test's own,
 // a path to it through a fault proxy, and a minute's ctx. Idle sessions stay
 // open for the test (closing one would take its orphans along).
-func orphanSetup(t *testing.T) (*servers.Server, context.Context, *faultnet.Proxy) {
+func orphanSetup(t *testing.T) (*dlocktest.Server, context.Context, *faultnet.Proxy) {
 	t.Helper()
 	t.Cleanup(zookeeperexport.SetIdleAfter(time.Minute))
 	srv := zkServer(t)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/zookeeper"
 	"github.com/go-zookeeper/zk"
 )
@@ -108,7 +108,7 @@ func release(t *testing.T, ls *dlock.Lease) {
 // disk and restarts their timeout), so the lease is not lost, the waiter keeps
 // its place, and the release hands the lock to it.
 func TestServerRestart(t *testing.T) {
-	srv := servers.RequireNewWith(t, servers.ZooKeeper, fastConfig)
+	srv := dlocktest.RequireNewWith(t, dlocktest.ZooKeeper, fastConfig)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ttl := 15 * time.Second // longer than a restart takes

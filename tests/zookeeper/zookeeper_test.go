@@ -13,17 +13,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/internal/servers/servertest"
+	"github.com/dlock/dlock/dlocktest"
 	"github.com/go-zookeeper/zk"
 )
 
-func TestMain(m *testing.M) { servertest.Main(m) }
+func TestMain(m *testing.M) { dlocktest.Main(m) }
 
 // fastConfig is the test servers' zoo.cfg: a 20ms tick, so that sessions
 // expire within 20ms of their timeout, and session timeouts from 100ms (the
 // conformance suite's TTL is 500ms) to a minute.
-var fastConfig = &servers.StartOptions{
+var fastConfig = &dlocktest.StartOptions{
 	Cmd: []string{"tickTime=20", "minSessionTimeout=100", "maxSessionTimeout=60000"},
 	// Empty container nodes are deleted every 100ms instead of every minute.
 	Env: []string{"JVMFLAGS=-Dznode.container.checkIntervalMs=100"},
@@ -31,7 +30,7 @@ var fastConfig = &servers.StartOptions{
 
 var (
 	sharedOnce sync.Once
-	sharedSrv  *servers.Server
+	sharedSrv  *dlocktest.Server
 	sharedErr  error
 )
 
@@ -39,18 +38,18 @@ var (
 // fastConfig (ZooKeeper is slow to start: one server serves every test that
 // does not break it). With DLOCK_ZOOKEEPER_ADDR set, it is that server, as
 // configured there.
-func zkServer(t testing.TB) *servers.Server {
+func zkServer(t testing.TB) *dlocktest.Server {
 	t.Helper()
 	if os.Getenv("DLOCK_ZOOKEEPER_ADDR") != "" {
-		return servers.Require(t, servers.ZooKeeper)
+		return dlocktest.Require(t, dlocktest.ZooKeeper)
 	}
 	sharedOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		sharedSrv, sharedErr = servers.Start(ctx, servers.ZooKeeper, fastConfig)
+		sharedSrv, sharedErr = dlocktest.Start(ctx, dlocktest.ZooKeeper, fastConfig)
 	})
 	if sharedErr != nil {
-		if required, _ := strconv.ParseBool(os.Getenv(servers.RequireBackendsEnv)); errors.Is(sharedErr, servers.ErrNoDocker) && !required {
+		if required, _ := strconv.ParseBool(os.Getenv(dlocktest.RequireBackendsEnv)); errors.Is(sharedErr, dlocktest.ErrNoDocker) && !required {
 			t.Skipf("no zookeeper server: %v", sharedErr)
 		}
 		t.Fatalf("starting zookeeper server: %v", sharedErr)
