@@ -81,6 +81,11 @@ var tests = []testCase{
 	// Different names are independent; one locker holds many; Close
 	// releases them all and ends pending waits with ErrClosed.
 	{name: "IsolationAndClose", fn: testIsolationAndClose},
+	// Close returns by its ctx's deadline with the backend hung after an
+	// attempt was cut short, ends the lease it could not release and says
+	// what it left; nothing it left removes a newer holder's lock. See
+	// close.go.
+	{name: "CloseWithinContext", fn: testCloseWithinContext},
 	// Bad input is rejected with ErrInvalid before any I/O, the same on
 	// every driver.
 	{name: "BadInput", fn: testBadInput},
