@@ -617,9 +617,13 @@ func testFencing(s *suite) {
 }
 
 func testIsolationAndClose(s *suite) {
-	a, _ := s.locker(s.opts())
-	b, _ := s.locker(s.opts())
-	w, _ := s.locker(s.opts())
+	// Nothing here is about TTLs, and a lock lost at a short one (a
+	// watchdog late on a loaded machine) would hand the waiter the lock
+	// before Close ends its wait: a TTL long enough for any load.
+	o := s.opts(ttl(max(s.cfg.TTL, 5*time.Second)))
+	a, _ := s.locker(o)
+	b, _ := s.locker(o)
+	w, _ := s.locker(o)
 	var leases []*dlock.Lease
 	var names []string
 	for range 10 {
