@@ -271,7 +271,8 @@ func (l *Locker) checkValidity(ctx context.Context, req driver.Request, g *drive
 }
 
 // abandon removes, in the background, a lock that a failed attempt may have
-// taken, bounded by the TTL. Close waits for it, as long as its ctx lasts.
+// taken (or that a lease declared lost may still hold), bounded by the TTL.
+// Close waits for it, as long as its ctx lasts.
 func (l *Locker) abandon(ctx context.Context, req driver.Request) {
 	l.bg.Add(1)
 	l.abandons.Add(1)
