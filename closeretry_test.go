@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -110,5 +111,80 @@ func TestCloseStopsRetryingAtValidUntil(t *testing.T) {
 	}
 	if now := time.Now(); now.After(ls.ValidUntil().Add(time.Second)) {
 		t.Errorf("Close returned %v after the lease's ValidUntil: it kept trying past it", now.Sub(ls.ValidUntil()))
+	}
+}
+
+// hungDriver stands for a backend that stopped answering: TryAcquire and
+// Abandon wait until back is closed (or their ctx ends); Close reports
+// that it ran by closing closed.
+type hungDriver struct {
+	back, closed chan struct{}
+	abandoned    atomic.Int32
+}
+
+func (d *hungDriver) Capabilities() dlock.Capabilities { return dlock.Capabilities{} }
+
+func (d *hungDriver) TryAcquire(ctx context.Context, _ driver.Request) (*driver.Grant, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (d *hungDriver) Abandon(ctx context.Context, _ driver.Request) error {
+	select {
+	case <-d.back:
+		d.abandoned.Add(1)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (d *hungDriver) Close() error {
+	close(d.closed)
+	return nil
+}
+
+// Close returns by its ctx's deadline though an attempt's clean-up hangs
+// for the attempt's TTL, says what it left, and the clean-up finishes in
+// the background, the driver's Close after it.
+func TestCloseReturnsByCtxWithCleanupHung(t *testing.T) {
+	d := &hungDriver{back: make(chan struct{}), closed: make(chan struct{})}
+	l, err := dlock.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	_, err = l.TryAcquire(actx, "x", &dlock.Options{TTL: time.Minute})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire = %v, want it cut short by its ctx", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = l.Close(ctx)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Close with a 200ms ctx took %v", took)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close = %v, want an error matching its ctx's", err)
+	}
+	for _, want := range []string{"1 attempt's clean-up abandoned", "closing the driver abandoned"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Close = %v, want it to say %q", err, want)
+		}
+	}
+	select {
+	case <-d.closed:
+		t.Fatal("the driver was closed while an attempt's clean-up still ran")
+	default:
+	}
+	close(d.back) // the backend answers again
+	<-d.closed
+	if d.abandoned.Load() != 1 {
+		t.Errorf("the attempt's clean-up ran %d times once the backend answered, want 1", d.abandoned.Load())
+	}
+	if err := l.Close(context.Background()); err != nil {
+		t.Errorf("a second Close = %v, want nil", err)
 	}
 }

@@ -23,6 +23,8 @@ type Lease struct {
 	h        driver.Handle
 	name     string
 	token    string
+	kind     driver.Kind
+	limit    int
 	fence    uint64
 	hasFence bool
 	opts     Options
@@ -63,7 +65,7 @@ type Lease struct {
 
 func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent time.Time) *Lease {
 	ls := &Lease{
-		l: l, h: g.Handle, name: req.Name, token: req.Token,
+		l: l, h: g.Handle, name: req.Name, token: req.Token, kind: req.Kind, limit: req.Limit,
 		fence: g.Fence, hasFence: l.caps.Fences(req.Kind), opts: o, lost: g.Lost, drift: g.Drift,
 		ttl: req.TTL, backoff: o.RetryMin,
 		ops: make(chan struct{}, 1), since: sent,
@@ -124,6 +126,11 @@ func (ls *Lease) enter() bool {
 }
 
 // onDeadline ends the lease when ValidUntil has passed without a refresh.
+// The lock may still be the lease's on the server, and a refresh still on
+// its way there would extend it for another TTL after the loss was
+// reported: with a driver that can remove an attempt's lock (an
+// Abandoner), the lease's is removed in the background, token-checked and
+// bounded by the TTL, so that what was declared lost is given up.
 func (ls *Lease) onDeadline() {
 	if !ls.enter() {
 		return
@@ -137,6 +144,14 @@ func (ls *Lease) onDeadline() {
 	ls.mu.Unlock()
 	if left <= 0 {
 		ls.end(fmt.Errorf("%w: %q was not refreshed before its ValidUntil", ErrLost, ls.name))
+		if ls.l.abandoner != nil {
+			ls.mu.Lock()
+			ttl := ls.ttl
+			ls.mu.Unlock()
+			ls.l.abandon(context.Background(), driver.Request{
+				Name: ls.name, Token: ls.token, TTL: ttl, Metadata: ls.opts.Metadata, Kind: ls.kind, Limit: ls.limit,
+			})
+		}
 	}
 }
 

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +66,7 @@ type Locker struct {
 	cancelClosing context.CancelCauseFunc
 	leases        map[*Lease]struct{}
 	bg            sync.WaitGroup // leases' timed tasks while they run, abandons
+	abandons      atomic.Int64   // abandons under way, for Close's error
 	sched         sched          // the leases' timed work
 	obs           atomic.Pointer[Observer]
 }
@@ -267,12 +271,14 @@ func (l *Locker) checkValidity(ctx context.Context, req driver.Request, g *drive
 }
 
 // abandon removes, in the background, a lock that a failed attempt may have
-// taken. It runs inside an acquisition, so Close (which waits for those
-// first) waits for it too.
+// taken (or that a lease declared lost may still hold), bounded by the TTL.
+// Close waits for it, as long as its ctx lasts.
 func (l *Locker) abandon(ctx context.Context, req driver.Request) {
 	l.bg.Add(1)
+	l.abandons.Add(1)
 	go func() {
 		defer l.bg.Done()
+		defer l.abandons.Add(-1)
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), req.TTL)
 		defer cancel()
 		_ = l.abandoner.Abandon(actx, req) // best effort: the lock expires anyway
@@ -398,10 +404,17 @@ func (l *Locker) forget(ls *Lease) {
 
 // Close releases every lease still held through this Locker, ends waits in
 // progress (they return ErrClosed), stops all background work and closes the
-// driver before returning. ctx bounds the releases; a release whose request
-// fails (a timeout, a connection reset) is tried again while ctx lasts and
-// the lease is valid, and an error is returned for the leases that could
-// not be released (their locks go at their TTL). Later calls return
+// driver. A release whose request fails (a timeout, a connection reset) is
+// tried again while ctx lasts and the lease is valid, and an error is
+// returned for the leases that could not be released (their locks go at
+// their TTL).
+//
+// Close returns by ctx's deadline. When ctx ends first, the leases not yet
+// released have ended all the same, and the clean-up still under way (an
+// attempt's lock being removed, the driver closing) goes on in the
+// background, bounded by its own timeouts; the error says what was left
+// and matches ctx.Err(). What is left never removes a lock another lease
+// holds: every clean-up names its own token. Later calls return
 // ErrClosed; a second Close returns nil.
 func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
@@ -415,6 +428,59 @@ func (l *Locker) Close(ctx context.Context) error {
 		cancel(ErrClosed)
 	}
 	l.mu.Unlock()
+
+	c := &closing{l: l}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(ctx)
+	}()
+	select {
+	case <-done:
+		return c.err(nil)
+	case <-ctx.Done():
+	}
+	select {
+	case <-done: // finished as ctx ended
+		return c.err(nil)
+	default:
+	}
+	return c.err(ctx)
+}
+
+// closing is the work of one Close: it runs in a goroutine of its own, so
+// that Close can return by its ctx's deadline and leave the rest to finish
+// in the background.
+type closing struct {
+	l *Locker
+
+	mu        sync.Mutex
+	stage     closeStage
+	releasing map[*Lease]error // leases whose release has not returned: its last try's error
+	errs      []error          // releases that failed, the driver's Close
+}
+
+type closeStage int
+
+const (
+	closeAcquisitions closeStage = iota // waiting for acquisitions to return
+	closeReleases                       // releasing the leases
+	closeBackground                     // waiting for timed tasks and abandons
+	closeDriver                         // closing the driver
+	closeDone
+)
+
+func (c *closing) setStage(s closeStage) {
+	c.mu.Lock()
+	c.stage = s
+	c.mu.Unlock()
+}
+
+// run does Close's work in order: acquisitions return (Close cancelled
+// them), leases are released, timed tasks and attempts' clean-ups finish,
+// then the driver closes.
+func (c *closing) run(ctx context.Context) {
+	l := c.l
 	l.inflight.Wait()
 
 	l.mu.Lock()
@@ -423,38 +489,123 @@ func (l *Locker) Close(ctx context.Context) error {
 		leases = append(leases, ls)
 	}
 	l.mu.Unlock()
-
-	errs := make([]error, len(leases))
+	c.mu.Lock()
+	c.stage = closeReleases
+	c.releasing = make(map[*Lease]error, len(leases))
+	for _, ls := range leases {
+		c.releasing[ls] = nil
+	}
+	c.mu.Unlock()
 	var wg sync.WaitGroup
-	for i, ls := range leases {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := releaseOnClose(ctx, ls); err != nil && !errors.Is(err, ErrNotHeld) {
-				errs[i] = fmt.Errorf("dlock: releasing %q on close: %w", ls.name, err)
-			}
-			// A release that failed still ends the lease here; the server drops the
-			// lock at its TTL.
+	for _, ls := range leases {
+		wg.Go(func() {
+			err := releaseOnClose(ctx, ls, func(err error) {
+				c.mu.Lock()
+				if _, ok := c.releasing[ls]; ok {
+					c.releasing[ls] = err
+				}
+				c.mu.Unlock()
+			})
+			// A release that failed still ends the lease here; the server
+			// drops the lock at its TTL.
 			ls.end(fmt.Errorf("%w: the locker was closed: %w", ErrLost, ErrClosed))
-		}()
+			c.mu.Lock()
+			delete(c.releasing, ls)
+			if err != nil && !errors.Is(err, ErrNotHeld) {
+				c.errs = append(c.errs, fmt.Errorf("dlock: releasing %q on close: %w", ls.name, err))
+			}
+			c.mu.Unlock()
+		})
 	}
 	wg.Wait()
+
 	// Every lease has ended, so no timed task starts any more; wait for
-	// those still running.
+	// those still running, and for attempts' clean-ups.
+	c.setStage(closeBackground)
 	l.sched.close()
 	l.bg.Wait()
-	return errors.Join(append(errs, l.d.Close())...)
+	c.setStage(closeDriver)
+	err := l.d.Close()
+	c.mu.Lock()
+	c.stage = closeDone
+	if err != nil {
+		c.errs = append(c.errs, err)
+	}
+	c.mu.Unlock()
+}
+
+// err returns Close's error: the failures so far and, when ctx (not nil)
+// ended Close before run finished, what was left to do. It ends the leases
+// whose release had not returned.
+func (c *closing) err(ctx context.Context) error {
+	c.mu.Lock()
+	errs := slices.Clone(c.errs)
+	stage := c.stage
+	var unreleased []*Lease
+	for ls, err := range c.releasing {
+		unreleased = append(unreleased, ls)
+		if err != nil && !errors.Is(err, ErrNotHeld) {
+			errs = append(errs, fmt.Errorf("dlock: releasing %q on close: %w", ls.name, err))
+		}
+	}
+	c.mu.Unlock()
+	if ctx == nil || stage == closeDone {
+		return errors.Join(errs...)
+	}
+	for _, ls := range unreleased {
+		ls.end(fmt.Errorf("%w: the locker was closed: %w", ErrLost, ErrClosed))
+	}
+	var left []string
+	if stage == closeAcquisitions {
+		left = append(left, "acquisitions under way had not returned")
+	}
+	if n := len(unreleased); n > 0 {
+		left = append(left, fmt.Sprintf("%s abandoned; %s with %s TTL", plural(n, "lease's release", "leases' releases"),
+			plural1(n, "its lock expires", "their locks expire"), plural1(n, "its", "their")))
+	}
+	if stage == closeBackground && c.l.abandons.Load() == 0 {
+		left = append(left, "timed tasks still running")
+	}
+	if stage <= closeBackground {
+		if n := c.l.abandons.Load(); n > 0 {
+			left = append(left, fmt.Sprintf("%s abandoned; %s with %s TTL", plural(int(n), "attempt's clean-up", "attempts' clean-ups"),
+				plural1(int(n), "its lock, if taken, expires", "their locks, if taken, expire"), plural1(int(n), "its", "their")))
+		}
+	}
+	if stage <= closeDriver {
+		left = append(left, "closing the driver abandoned; it goes on in the background")
+	}
+	return errors.Join(append([]error{fmt.Errorf("dlock: Close: %w before the clean-up finished: %s", ctx.Err(), strings.Join(left, "; "))}, errs...)...)
+}
+
+// plural returns "n one" or "n many" as n is 1 or not.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
+}
+
+// plural1 returns one or many as n is 1 or not.
+func plural1(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // releaseOnClose releases ls for Close, trying again after a failed
 // request (a timeout, a connection reset) while ctx lasts and the lease is
 // valid: Close is often a process's last chance to give its locks back
 // before they stand in others' way until their TTL. The waits between tries
-// grow from 5ms to 200ms.
-func releaseOnClose(ctx context.Context, ls *Lease) error {
+// grow from 5ms to 200ms. failed is told of each try that fails.
+func releaseOnClose(ctx context.Context, ls *Lease, failed func(error)) error {
 	backoff := 5 * time.Millisecond
 	for {
 		err := ls.Release(ctx)
+		if err != nil {
+			failed(err)
+		}
 		if err == nil || ls.Err() != nil || ctx.Err() != nil ||
 			!time.Now().Add(backoff).Before(ls.ValidUntil()) {
 			return err
