@@ -5,7 +5,6 @@ package driver
 // of error text, and the tls_* parameters of the secure schemes.
 
 import (
-	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -94,60 +93,4 @@ func (p *Params) Fail(err error) {
 	if p.Err == nil {
 		p.Err = err
 	}
-}
-
-// RedactText replaces u's password, in every spelling it may take, with
-// "xxxxx".
-func RedactText(s string, u *url.URL) string {
-	if u == nil || u.User == nil {
-		return s
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" {
-		return s
-	}
-	for _, form := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), url.UserPassword("", pw).String()[1:]} {
-		if form != "" {
-			s = strings.ReplaceAll(s, form, "xxxxx")
-		}
-	}
-	return s
-}
-
-// RedactError returns err itself when its text does not contain u's
-// password, and otherwise an error with the password replaced, which drops
-// err from the chain so that nothing can print it.
-func RedactError(err error, u *url.URL) error {
-	msg := err.Error()
-	if clean := RedactText(msg, u); clean != msg {
-		return errors.New(clean)
-	}
-	return err
-}
-
-// RedactURL returns u as a string with any password, and the values of query
-// parameters whose names suggest secrets, replaced by "xxxxx".
-func RedactURL(u *url.URL) string {
-	if u == nil {
-		return ""
-	}
-	cp := *u
-	if cp.User != nil {
-		if _, ok := cp.User.Password(); ok {
-			cp.User = url.UserPassword(cp.User.Username(), "xxxxx")
-		}
-	}
-	q := cp.Query()
-	changed := false
-	for k := range q {
-		lk := strings.ToLower(k)
-		if strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token") || strings.Contains(lk, "key") && !strings.Contains(lk, "keepalive") {
-			q.Set(k, "xxxxx")
-			changed = true
-		}
-	}
-	if changed {
-		cp.RawQuery = q.Encode()
-	}
-	return cp.String()
 }

@@ -105,7 +105,7 @@ func ParseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", dlockdriver.RedactText(err.Error(), u))
+		return nil, nil, dlockdriver.QueryError("etcd", err)
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {

@@ -53,7 +53,7 @@ func ParseURL(u *url.URL) (*goredis.Options, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", dlockdriver.RedactText(err.Error(), u))
+		return nil, nil, dlockdriver.QueryError("redis", err)
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {

@@ -47,7 +47,7 @@ func ParseURL(u *url.URL) ([]string, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query")
+		return nil, nil, dlockdriver.QueryError("zookeeper", err)
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
