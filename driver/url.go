@@ -134,7 +134,9 @@ func QueryError(driver string, err error) error {
 }
 
 // RedactText replaces u's password, in every spelling it may take, with
-// "xxxxx".
+// "xxxxx" where it stands in a URL's userinfo (":password@"). Elsewhere in s
+// the password's text is replaced only when u does not show that text in
+// one of its other parts: a password "postgres" leaves "postgres://" alone.
 func RedactText(s string, u *url.URL) string {
 	if u == nil || u.User == nil {
 		return s
@@ -143,9 +145,19 @@ func RedactText(s string, u *url.URL) string {
 	if !ok || pw == "" {
 		return s
 	}
-	for _, form := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), url.UserPassword("", pw).String()[1:]} {
-		if form != "" {
-			s = strings.ReplaceAll(s, form, "xxxxx")
+	forms := []string{pw, url.PathEscape(pw), url.QueryEscape(pw), url.UserPassword("", pw).String()[1:]}
+	for _, f := range forms {
+		s = strings.ReplaceAll(s, ":"+f+"@", ":xxxxx@")
+	}
+	pub := *u
+	pub.User = url.User(u.User.Username())
+	public := strings.Join([]string{pub.String(), u.User.Username(), u.Host, u.Path, u.Fragment, u.Query().Encode()}, " ")
+	if q, err := url.QueryUnescape(u.RawQuery); err == nil {
+		public += " " + q
+	}
+	for _, f := range forms {
+		if !strings.Contains(public, f) {
+			s = strings.ReplaceAll(s, f, "xxxxx")
 		}
 	}
 	return s

@@ -54,6 +54,28 @@ func TestParseURL(t *testing.T) {
 	}
 }
 
+// RedactText replaces the password in the userinfo, and elsewhere only when
+// the URL shows its text nowhere else: a password that is also the scheme,
+// user or database name leaves those alone.
+func TestRedactUserinfo(t *testing.T) {
+	u, _ := url.Parse("postgres://postgres:postgres@db:5432/postgres")
+	in := "postgres: connecting to postgres://postgres:postgres@db:5432/postgres: password authentication failed for user postgres"
+	want := "postgres: connecting to postgres://postgres:xxxxx@db:5432/postgres: password authentication failed for user postgres"
+	if got := driver.RedactText(in, u); got != want {
+		t.Errorf("RedactText:\n got %q\nwant %q", got, want)
+	}
+	if got := driver.RedactText("connecting to "+driver.RedactURL(u), u); strings.Contains(got, "xxxxx://") || !strings.Contains(got, "postgres://postgres:xxxxx@db") {
+		t.Errorf("RedactText of a redacted URL = %q", got)
+	}
+
+	u, _ = url.Parse("redis://user:s%2Fcr3t@h:1/0")
+	for _, s := range []string{"auth s/cr3t refused", "redis://user:s%2Fcr3t@h:1/0"} {
+		if got := driver.RedactText(s, u); strings.Contains(strings.ToLower(got), "cr3t") {
+			t.Errorf("RedactText(%q) = %q keeps the password", s, got)
+		}
+	}
+}
+
 // A redacted error still matches what the original matched, and does not
 // unwrap to it.
 func TestRedactErrorMatches(t *testing.T) {
