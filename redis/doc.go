@@ -57,8 +57,7 @@
 // channels, locks still work: releases do not announce themselves and waiters
 // poll between RetryMin and RetryMax.
 //
-// A URL names one server: a comma-separated host list is refused (it is a
-// redlock:// URL's). Unknown parameters are rejected. Open pings the server, bounded by its ctx,
+// Unknown parameters are rejected. Open pings the server, bounded by its ctx,
 // so a wrong address or credential fails there; the Locker then owns the
 // client it made and closes it on Close. The client honours context deadlines
 // (ContextTimeoutEnabled).
