@@ -3,9 +3,10 @@ package dlock
 import (
 	"fmt"
 	"net/url"
-	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/dlock/dlock/driver"
 )
 
 // Defaults for Options fields left zero.
@@ -149,45 +150,23 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// Query parameters understood by every driver; see Options.
-var optionParams = []string{"ttl", "refresh", "refresh_interval", "retry_min", "retry_max", "metadata"}
-
 // OptionsFromQuery takes the lock options (ttl, refresh, refresh_interval,
 // retry_min, retry_max, metadata) out of a URL query, deleting the keys it
 // used from q. Open does this before the driver reads its own parameters;
 // drivers' ParseURL functions do it for their Options.Defaults.
 func OptionsFromQuery(q url.Values) (*Options, error) {
+	p := driver.Params{Q: q}
 	o := &Options{}
-	durations := map[string]*time.Duration{
-		"ttl": &o.TTL, "refresh_interval": &o.RefreshInterval,
-		"retry_min": &o.RetryMin, "retry_max": &o.RetryMax,
+	o.TTL, _ = p.TakeDuration("ttl")
+	if refresh, ok := p.TakeBool("refresh"); ok {
+		o.NoRefresh = !refresh
 	}
-	for _, key := range optionParams {
-		vals, ok := q[key]
-		if !ok {
-			continue
-		}
-		delete(q, key)
-		if len(vals) != 1 {
-			return nil, invalid("URL parameter %q given %d times", key, len(vals))
-		}
-		v := vals[0]
-		switch key {
-		case "refresh":
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return nil, invalid("URL parameter refresh=%q is not a boolean", v)
-			}
-			o.NoRefresh = !b
-		case "metadata":
-			o.Metadata = v
-		default:
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				return nil, invalid("URL parameter %s=%q is not a positive duration", key, v)
-			}
-			*durations[key] = d
-		}
+	o.RefreshInterval, _ = p.TakeDuration("refresh_interval")
+	o.RetryMin, _ = p.TakeDuration("retry_min")
+	o.RetryMax, _ = p.TakeDuration("retry_max")
+	o.Metadata, _ = p.Take("metadata")
+	if p.Err != nil {
+		return nil, p.Err
 	}
 	return o, nil
 }

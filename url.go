@@ -2,7 +2,6 @@ package dlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -22,17 +21,13 @@ import (
 // driver's own, and unknown ones are rejected. Bad input is reported before
 // any network I/O, as an error matching ErrInvalid. ctx bounds connecting,
 // for drivers that connect at once. Credentials in the URL never appear in
-// errors.
+// errors: a user name or password holding '/', '?', '#', '%', '[', ']' or a
+// space must be percent-encoded (url.QueryEscape), and a URL where it is not
+// is refused without quoting it (see driver.ParseURL).
 func Open(ctx context.Context, rawURL string) (*Locker, error) {
-	u, err := url.Parse(rawURL)
+	u, err := driver.ParseURL(rawURL) // its errors quote nothing of the URL
 	if err != nil {
-		// url.Error repeats the whole URL, password included: keep only the
-		// reason.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("%w: malformed lock URL: %v", ErrInvalid, err)
+		return nil, err
 	}
 	if u.Scheme == "" {
 		return nil, fmt.Errorf("%w: lock URL %q has no scheme; registered: %s", ErrInvalid, driver.RedactURL(u), strings.Join(driver.Schemes(), ", "))
@@ -44,7 +39,7 @@ func Open(ctx context.Context, rawURL string) (*Locker, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: malformed query: %v", ErrInvalid, u.Scheme, driver.RedactText(err.Error(), u))
+		return nil, driver.QueryError(u.Scheme, err)
 	}
 	defaults, err := OptionsFromQuery(q)
 	if err != nil {
@@ -54,12 +49,12 @@ func Open(ctx context.Context, rawURL string) (*Locker, error) {
 	rest.RawQuery = q.Encode()
 	d, err := open(ctx, &rest)
 	if err != nil {
-		return nil, err
+		return nil, driver.RedactError(err, u)
 	}
 	l, err := New(d, defaults)
 	if err != nil {
 		_ = d.Close()
-		return nil, err
+		return nil, driver.RedactError(err, u)
 	}
 	if p, ok := d.(driver.Pinger); ok {
 		if err := p.Ping(ctx); err != nil {

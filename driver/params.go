@@ -1,16 +1,19 @@
 package driver
 
 // The URL toolkit every driver uses the same way: query parameters taken one
-// at a time (each at most once), the rest rejected, a URL's password kept out
-// of error text, and the tls_* parameters of the secure schemes.
+// at a time (each at most once; booleans and durations parsed alike), the
+// rest rejected, a host list read alike, and the tls_* parameters of the
+// secure schemes (tls.go). Parsing a URL and keeping its password out of
+// error text is in url.go.
 
 import (
-	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Params takes single-valued parameters out of a query, deleting each one it
@@ -20,13 +23,15 @@ import (
 //	p := driver.Params{Q: u.Query(), Driver: "redis"}
 //	prefix, _ := p.Take("prefix")
 //	compat, _ := p.TakeBool("compat")
+//	timeout, _ := p.TakeDuration("node_timeout")
+//	hosts := p.Hosts(u.Host, "6379")
 //	tlsp := p.TakeTLS()
 //	if err := p.Done(); err != nil { // the first problem, or unknown parameters
 //		return nil, nil, err
 //	}
 type Params struct {
 	Q      url.Values
-	Driver string // names the driver in errors: "redis", "etcd", …
+	Driver string // names the driver in errors: "redis", "etcd", … ("" for none)
 	Err    error  // the first problem met, matching ErrInvalid
 	TLS    bool   // a tls_ parameter was taken
 }
@@ -89,65 +94,67 @@ func (p *Params) TakeBool(key string) (value, ok bool) {
 	return b, true
 }
 
+// TakeDuration is Take for a positive duration (time.ParseDuration's
+// forms). A value that is not one is an error (in Err), and reported as
+// absent.
+func (p *Params) TakeDuration(key string) (time.Duration, bool) {
+	v, ok := p.Take(key)
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		p.Fail(p.invalid("URL parameter %s=%q is not a positive duration", key, v))
+		return 0, false
+	}
+	return d, true
+}
+
+// Hosts splits a URL's comma-separated host list ("h1:2379,h2,[::1]:2380")
+// into host:port addresses, giving defaultPort to a host written without
+// one. An empty entry, an entry with no host name or that is not
+// host[:port], a port outside 1–65535, and an address listed twice are
+// errors (in Err, and Hosts returns nil).
+func (p *Params) Hosts(list, defaultPort string) []string {
+	var addrs []string
+	for _, h := range strings.Split(list, ",") {
+		var host, port string
+		switch {
+		case h == "":
+			p.Fail(p.invalid("empty entry in the host list %q", list))
+			return nil
+		case strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]"): // [IPv6]
+			host, port = h[1:len(h)-1], defaultPort
+		case !strings.Contains(h, ":"):
+			host, port = h, defaultPort
+		default:
+			var err error
+			if host, port, err = net.SplitHostPort(h); err != nil {
+				p.Fail(p.invalid("host %q is not host[:port]", h))
+				return nil
+			}
+		}
+		if host == "" {
+			p.Fail(p.invalid("host %q has no name", h))
+			return nil
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			p.Fail(p.invalid("host %q has a bad port", h))
+			return nil
+		}
+		addr := net.JoinHostPort(host, port)
+		if slices.Contains(addrs, addr) {
+			p.Fail(p.invalid("host %s listed twice", addr))
+			return nil
+		}
+		addrs = append(addrs, addr)
+	}
+	return addrs
+}
+
 // Fail records err unless an earlier problem was recorded.
 func (p *Params) Fail(err error) {
 	if p.Err == nil {
 		p.Err = err
 	}
-}
-
-// RedactText replaces u's password, in every spelling it may take, with
-// "xxxxx".
-func RedactText(s string, u *url.URL) string {
-	if u == nil || u.User == nil {
-		return s
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" {
-		return s
-	}
-	for _, form := range []string{pw, url.PathEscape(pw), url.QueryEscape(pw), url.UserPassword("", pw).String()[1:]} {
-		if form != "" {
-			s = strings.ReplaceAll(s, form, "xxxxx")
-		}
-	}
-	return s
-}
-
-// RedactError returns err itself when its text does not contain u's
-// password, and otherwise an error with the password replaced, which drops
-// err from the chain so that nothing can print it.
-func RedactError(err error, u *url.URL) error {
-	msg := err.Error()
-	if clean := RedactText(msg, u); clean != msg {
-		return errors.New(clean)
-	}
-	return err
-}
-
-// RedactURL returns u as a string with any password, and the values of query
-// parameters whose names suggest secrets, replaced by "xxxxx".
-func RedactURL(u *url.URL) string {
-	if u == nil {
-		return ""
-	}
-	cp := *u
-	if cp.User != nil {
-		if _, ok := cp.User.Password(); ok {
-			cp.User = url.UserPassword(cp.User.Username(), "xxxxx")
-		}
-	}
-	q := cp.Query()
-	changed := false
-	for k := range q {
-		lk := strings.ToLower(k)
-		if strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token") || strings.Contains(lk, "key") && !strings.Contains(lk, "keepalive") {
-			q.Set(k, "xxxxx")
-			changed = true
-		}
-	}
-	if changed {
-		cp.RawQuery = q.Encode()
-	}
-	return cp.String()
 }

@@ -71,6 +71,10 @@ func (t TLS) Apply(cfg *tls.Config) error {
 
 func (p *Params) invalid(format string, args ...any) error { return invalid(p.Driver, format, args...) }
 
+// invalid is an ErrInvalid error naming the driver ("" for none).
 func invalid(driver, format string, args ...any) error {
+	if driver == "" {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	}
 	return fmt.Errorf("%w: %s: %s", ErrInvalid, driver, fmt.Sprintf(format, args...))
 }

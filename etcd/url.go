@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -105,7 +103,7 @@ func ParseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", dlockdriver.RedactText(err.Error(), u))
+		return nil, nil, dlockdriver.QueryError("etcd", err)
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
@@ -125,21 +123,12 @@ func ParseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	if secure {
 		scheme = "https://"
 	}
-	for _, h := range strings.Split(u.Host, ",") {
-		host, port, err := net.SplitHostPort(h)
-		if err != nil {
-			if !strings.Contains(err.Error(), "missing port") {
-				return nil, nil, invalid("endpoint %q is not host:port", h)
-			}
-			host, port = strings.Trim(h, "[]"), defaultClientPort
-		}
-		if host == "" {
-			return nil, nil, invalid("endpoint %q has no host", h)
-		}
-		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-			return nil, nil, invalid("endpoint %q has a bad port", h)
-		}
-		cfg.Endpoints = append(cfg.Endpoints, scheme+net.JoinHostPort(host, port))
+	p := dlockdriver.Params{Q: q, Driver: "etcd"}
+	for _, h := range p.Hosts(u.Host, defaultClientPort) {
+		cfg.Endpoints = append(cfg.Endpoints, scheme+h)
+	}
+	if p.Err != nil {
+		return nil, nil, p.Err
 	}
 	if u.User != nil {
 		cfg.Username = u.User.Username()
@@ -149,27 +138,15 @@ func ParseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 		}
 	}
 
-	p := dlockdriver.Params{Q: q, Driver: "etcd"}
-	for key, dst := range map[string]*time.Duration{
-		paramDialTimeout: &cfg.DialTimeout,
-		paramKeepAlive:   &cfg.DialKeepAliveTime,
-		paramKeepAliveTO: &cfg.DialKeepAliveTimeout,
-		paramAutoSync:    &cfg.AutoSyncInterval,
-	} {
-		if v, ok := p.Take(key); ok {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				p.Fail(invalid("URL parameter %s=%q is not a positive duration", key, v))
-			}
-			*dst = d
-		}
+	if d, ok := p.TakeDuration(paramDialTimeout); ok {
+		cfg.DialTimeout = d
 	}
+	cfg.DialKeepAliveTime, _ = p.TakeDuration(paramKeepAlive)
+	cfg.DialKeepAliveTimeout, _ = p.TakeDuration(paramKeepAliveTO)
+	cfg.AutoSyncInterval, _ = p.TakeDuration(paramAutoSync)
 	opts.LeasePerLock, _ = p.TakeBool(paramLeasePerLock)
 	tlsp := p.TakeTLS()
-	if p.Err != nil {
-		return nil, nil, p.Err
-	}
-	if err := dlockdriver.RejectUnknown(q); err != nil {
+	if err := p.Done(); err != nil {
 		return nil, nil, err
 	}
 	if !secure && p.TLS {

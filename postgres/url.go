@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
-	"strings"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
@@ -65,7 +64,7 @@ func ParseURL(u *url.URL) (*pgxpool.Config, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query")
+		return nil, nil, dlockdriver.QueryError("postgres", err)
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
@@ -117,18 +116,9 @@ func invalid(format string, args ...any) error {
 // redactText is err's text with u's password, if any, replaced. pgx's own
 // errors already leave it out; this makes sure.
 func redactText(err error, u *url.URL) string {
-	s := err.Error()
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		s = ue.Err.Error() // url.Error quotes the whole URL
+		err = ue.Err // url.Error quotes the whole URL
 	}
-	if u.User != nil {
-		if pw, ok := u.User.Password(); ok && pw != "" {
-			s = strings.ReplaceAll(s, pw, "xxxxx")
-			if esc := url.QueryEscape(pw); esc != pw {
-				s = strings.ReplaceAll(s, esc, "xxxxx")
-			}
-		}
-	}
-	return s
+	return dlockdriver.RedactText(err.Error(), u)
 }

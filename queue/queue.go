@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -49,13 +48,9 @@ type Client struct {
 // mem:// (dlock/memory); import the driver's package for its scheme to be
 // known. ctx bounds connecting.
 func Open(ctx context.Context, rawURL string) (*Client, error) {
-	u, err := url.Parse(rawURL)
+	u, err := dlockdriver.ParseURL(rawURL) // its errors quote nothing of the URL
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("%w: malformed queue URL: %v", ErrInvalid, err)
+		return nil, err
 	}
 	open := driver.Lookup(u.Scheme)
 	if open == nil {

@@ -51,9 +51,13 @@ func ParseURL(u *url.URL) (*goredis.Options, *Options, error) {
 	if u.Opaque != "" {
 		return nil, nil, invalid("URL must look like redis://host:port/db")
 	}
+	if strings.Contains(u.Host, ",") {
+		return nil, nil, invalid("redis:// takes one host; a comma-separated host list belongs to a redlock:// URL " +
+			"(for a Cluster or Sentinel, pass go-redis's client to redis.New)")
+	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", dlockdriver.RedactText(err.Error(), u))
+		return nil, nil, dlockdriver.QueryError("redis", err)
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {

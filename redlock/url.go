@@ -5,12 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
@@ -99,7 +96,7 @@ func ParseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query: %v", dlockdriver.RedactText(err.Error(), u))
+		return nil, nil, dlockdriver.QueryError("redlock", err)
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
@@ -111,15 +108,8 @@ func ParseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 		opts.KeyPrefix = v
 	}
 	opts.Compat, _ = p.TakeBool(paramCompat)
-	for key, dst := range map[string]*time.Duration{paramNodeTimeout: &opts.NodeTimeout, paramDrift: &opts.Drift} {
-		if v, ok := p.Take(key); ok {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				p.Fail(invalid("URL parameter %s=%q is not a positive duration", key, v))
-			}
-			*dst = d
-		}
-	}
+	opts.NodeTimeout, _ = p.TakeDuration(paramNodeTimeout)
+	opts.Drift, _ = p.TakeDuration(paramDrift)
 	tlsp := p.TakeTLS()
 	if p.Err != nil {
 		return nil, nil, p.Err
@@ -129,22 +119,9 @@ func ParseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 		return nil, nil, invalid("TLS parameters need a redlocks:// URL")
 	}
 
-	var hosts []string
-	for _, h := range strings.Split(u.Host, ",") {
-		if h == "" {
-			return nil, nil, invalid("empty host in the node list %q", u.Host)
-		}
-		if _, _, err := net.SplitHostPort(h); err != nil {
-			h = net.JoinHostPort(h, defaultPort)
-		}
-		host, port, err := net.SplitHostPort(h)
-		if err != nil || host == "" || port == "" {
-			return nil, nil, invalid("malformed node address %q", h)
-		}
-		if slices.Contains(hosts, h) {
-			return nil, nil, invalid("node %s listed twice", h)
-		}
-		hosts = append(hosts, h)
+	hosts := p.Hosts(u.Host, defaultPort)
+	if p.Err != nil {
+		return nil, nil, p.Err
 	}
 	if n := len(hosts); n < 3 || n%2 == 0 {
 		return nil, nil, invalid("%d nodes: Redlock needs an odd number, at least 3", n)

@@ -2,7 +2,6 @@ package zookeeper
 
 import (
 	"context"
-	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -47,7 +46,7 @@ func ParseURL(u *url.URL) ([]string, *Options, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, nil, invalid("malformed query")
+		return nil, nil, dlockdriver.QueryError("zookeeper", err)
 	}
 	lock, err := dlock.OptionsFromQuery(q)
 	if err != nil {
@@ -56,6 +55,7 @@ func ParseURL(u *url.URL) ([]string, *Options, error) {
 	opts := &Options{Defaults: *lock}
 	p := dlockdriver.Params{Q: q, Driver: "zookeeper"}
 	acl, hasACL := p.Take(paramACL)
+	servers := p.Hosts(u.Host, strconv.Itoa(zk.DefaultPort))
 	if err := p.Done(); err != nil {
 		return nil, nil, err
 	}
@@ -63,21 +63,6 @@ func ParseURL(u *url.URL) ([]string, *Options, error) {
 		if opts.ACL, err = parseACL(acl); err != nil {
 			return nil, nil, err
 		}
-	}
-
-	var servers []string
-	for _, h := range strings.Split(u.Host, ",") {
-		if !strings.Contains(h, ":") || strings.HasSuffix(h, "]") {
-			h = net.JoinHostPort(strings.Trim(h, "[]"), strconv.Itoa(zk.DefaultPort))
-		}
-		host, port, err := net.SplitHostPort(h)
-		if err != nil || host == "" {
-			return nil, nil, invalid("host %q is not host[:port]", h)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return nil, nil, invalid("host %q has a bad port", h)
-		}
-		servers = append(servers, h)
 	}
 
 	if p := strings.TrimSuffix(u.Path, "/"); p != "" {

@@ -317,16 +317,12 @@ func writeReport(path, format string, rep *bench.Report) error {
 	return writeFile(path, func(w io.Writer) error { return rep.Write(w, format) })
 }
 
-// parseURL parses a backend URL without ever repeating it whole in an error:
-// url.Error quotes the URL, password included.
+// parseURL parses a backend URL as dlock.Open does, without repeating any
+// of its userinfo in an error (see driver.ParseURL).
 func parseURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
+	u, err := driver.ParseURL(raw)
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("malformed URL: %v", err)
+		return nil, err
 	}
 	if u.Scheme == "" {
 		return nil, fmt.Errorf("URL %s has no scheme", driver.RedactURL(u))

@@ -175,6 +175,12 @@ func TestBenchRedactsURL(t *testing.T) {
 	if !strings.Contains(stdout, "ERR") {
 		t.Errorf("stdout does not show the failures:\n%s", stdout)
 	}
+
+	// An unescaped '/' in the password: net/url reads the rest as the port.
+	_, stdout, stderr = runCmd(t, "bench", "-backends", "redis", "-url", "redis=redis://user:"+secret+"/x@127.0.0.1:1/0")
+	if strings.Contains(stdout+stderr, secret) || !strings.Contains(stderr, "invalid port after host") {
+		t.Errorf("a malformed URL: output shows the password or not the reason:\n%s\n%s", stdout, stderr)
+	}
 }
 
 // On a terminal, progress is one line rewritten in place, with failures

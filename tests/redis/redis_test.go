@@ -920,6 +920,34 @@ func TestOpenInvalidURL(t *testing.T) {
 	}
 }
 
+// A comma-separated host list is a Redlock URL's: redis:// refuses it
+// before any I/O (no DNS lookup of "h1:p1,h2"), naming redlock://.
+func TestOpenHostList(t *testing.T) {
+	for _, u := range []string{
+		"redis://127.0.0.1:1,127.0.0.1:2",
+		"redis://user:" + secret + "@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/0",
+		"rediss://a,b",
+		"redis://a,",
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		start := time.Now()
+		l, err := dlock.Open(ctx, u)
+		elapsed := time.Since(start)
+		cancel()
+		if err == nil {
+			_ = l.Close(context.Background())
+			t.Errorf("Open(%s) succeeded", u)
+			continue
+		}
+		if !errors.Is(err, dlock.ErrInvalid) || !strings.Contains(err.Error(), "redlock://") || strings.Contains(err.Error(), secret) {
+			t.Errorf("Open(%s): %v; want ErrInvalid naming redlock://, without the password", u, err)
+		}
+		if elapsed >= 200*time.Millisecond {
+			t.Errorf("Open(%s) took %v: I/O before refusing it", u, elapsed)
+		}
+	}
+}
+
 // Open reports an unreachable server, and a server that never answers
 // within ctx, without the password and without ErrInvalid.
 func TestOpenUnreachable(t *testing.T) {
