@@ -31,7 +31,7 @@ export GOPROXY="file://$work/proxy,$upstream"
 export GONOSUMDB=github.com/dlock/dlock GONOSUMCHECK=1 GOFLAGS=-mod=mod
 
 step "go install github.com/dlock/dlock/cmd/dlock@$version (empty module cache)"
-go install "github.com/dlock/dlock/cmd/dlock@$version"
+go install -trimpath "github.com/dlock/dlock/cmd/dlock@$version"
 "$GOBIN/dlock" -h >/dev/null 2>&1 || [ -x "$GOBIN/dlock" ] || fail "dlock was not installed"
 echo "installed: $("$GOBIN/dlock" version 2>/dev/null || echo "$GOBIN/dlock")"
 
@@ -64,7 +64,7 @@ GO
   go mod init example.com/app >/dev/null 2>&1
   go get "github.com/dlock/dlock@$version" "github.com/dlock/dlock/otel@$version" >/dev/null
   go mod tidy
-  go build -o /dev/null .
+  go build -trimpath -o /dev/null .
   lines=$(go mod graph | wc -l)
   echo "go mod graph: $lines lines, modules:"
   go list -m all | sed 's/^/  /'

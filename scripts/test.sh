@@ -41,6 +41,12 @@ all=github.com/dlock/dlock/...
 step "go vet $all"
 go vet "$all"
 
+# staticcheck (a tool of the tests module, so the library's go.mod does not
+# carry it) on every package but internal/zk, a copy of go-zookeeper kept as
+# close to upstream as possible.
+step "go tool staticcheck (all but internal/zk)"
+go tool staticcheck $(go list "$all" | grep -v '^github.com/dlock/dlock/internal/zk$')
+
 # go.mod's go line is the oldest Go the module supports: CI proves it by
 # building and vetting (tests included) with that toolchain. The go command
 # fetches it from the module proxy once (~5s) and caches it; the first run
@@ -55,12 +61,21 @@ if [ "${CI:-}" = true ] || [ "${DLOCK_CHECK_MIN_GO:-}" = 1 ]; then
 fi
 
 # The dlock binary must not link package testing (its flags, its runtime
-# hooks): internal/servers, which its bench command imports, takes a TB
-# interface of its own instead.
+# hooks): dlocktest, which its bench command imports, takes a TB interface of
+# its own instead.
 step "go list -deps ./cmd/dlock: no package testing"
 if go list -deps ./cmd/dlock | grep -qx testing; then
   echo "cmd/dlock links package testing; find the importer with: go list -deps -f '{{.ImportPath}}: {{.Imports}}' ./cmd/dlock | grep -w testing" >&2
   exit 1
+fi
+
+# The release as a user meets it: every module served at a test version from
+# a file-based proxy, installed and imported with an empty module cache
+# (scripts/release-check.sh). Like the oldest-Go check it runs in CI
+# (CI=true) or on request, so a newcomer's first run does not grow by it.
+if [ "${CI:-}" = true ] || [ "${DLOCK_RELEASE_CHECK:-}" = 1 ]; then
+  step "bash scripts/release-check.sh"
+  bash scripts/release-check.sh
 fi
 
 export DLOCK_REQUIRE_BACKENDS="${DLOCK_REQUIRE_BACKENDS:-1}"
