@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	testpki "github.com/dlock/dlock/dlocktest/pki"
 	"github.com/dlock/dlock/etcd"
-	"github.com/dlock/dlock/internal/testpki"
 )
 
 // Open over TLS, through a TLS terminator in front of the test server that

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/testpki"
+	testpki "github.com/dlock/dlock/dlocktest/pki"
 )
 
 // rediss URL parameters become the tls.Config: trusted CAs, the client

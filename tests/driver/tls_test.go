@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/dlock/dlock"
+	testpki "github.com/dlock/dlock/dlocktest/pki"
 	"github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/testpki"
 )
 
 func TestTLS(t *testing.T) {

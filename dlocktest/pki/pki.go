@@ -1,7 +1,7 @@
-// Package testpki gives tests a throwaway certificate authority with server
+// Package pki gives tests a throwaway certificate authority with server
 // and client certificates, and a TLS terminator to put in front of a test
 // server that speaks plain TCP.
-package testpki
+package pki
 
 import (
 	"context"
