@@ -67,7 +67,9 @@
 // bounded by the node timeout (Options.NodeTimeout). The lock is granted
 // when a majority (N/2+1) took it and TTL − elapsed − drift > 0, elapsed
 // counted from before the first request was sent; ValidUntil is that
-// start + TTL − drift. The first majority to answer decides: a slow or
+// start + TTL − drift. A majority that came too late for that fails with
+// dlock.ErrGrantExpired (not ErrNotAcquired: nobody else holds the lock),
+// and its nodes are given back. The first majority to answer decides: a slow or
 // paused minority does not delay an acquisition at all, and an acquisition
 // that can no longer win stops at once, unless it leads a split vote. The
 // nodes that took the lock for an attempt that failed give it back as soon

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/conformance"
 	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/redlock"
@@ -25,6 +26,16 @@ const (
 	nodeTimeout  = 300 * time.Millisecond
 	slackTimeout = 400 * time.Millisecond // scheduling slack on a loaded machine
 )
+
+// live is d scaled by DLOCK_TOLERANCE_SCALE.
+func live(t testing.TB, d time.Duration) time.Duration {
+	t.Helper()
+	d, err := conformance.Live(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
 
 func lockKey(name string) string { return redlock.DefaultKeyPrefix + "{" + name + "}" }
 
@@ -253,6 +264,35 @@ func TestSlowNodeShortensValidity(t *testing.T) {
 	if err := ls.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A majority that answers after the lease's validity (TTL - drift) has
+// passed is ErrGrantExpired, not ErrNotAcquired (nobody else holds the
+// lock: a TryAcquire must not read as "held", an Acquire keeps trying),
+// and its nodes are given back.
+func TestLateMajorityIsGrantExpired(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, 5, nil)
+	clients, ps := c.proxied(t)
+	// A drift of all but 100µs of the TTL leaves a validity that no round
+	// trip through the proxies, each 2ms slower, can fit in; the TTL is
+	// long, so that a node's lock that is gone was given back, not expired.
+	const ttl = 10 * time.Second
+	l := newLocker(t, clients, &redlock.Options{NodeTimeout: time.Second, Drift: ttl - 100*time.Microsecond})
+	name := "late-" + randomHex(4)
+	for _, p := range ps {
+		p.SetLatency(2 * time.Millisecond)
+	}
+	_, err := l.TryAcquire(ctx, name, &dlock.Options{TTL: ttl, NoRefresh: true})
+	if !errors.Is(err, dlock.ErrGrantExpired) || errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire whose majority came after TTL - drift: got %v, want ErrGrantExpired and not ErrNotAcquired", err)
+	}
+	for _, p := range ps {
+		p.SetLatency(0)
+	}
+	eventually(t, live(t, 2*time.Second), "the late majority's nodes given back", func() bool {
+		return len(c.present(t, lockKey(name))) == 0
+	})
 }
 
 // A majority of nodes (3 of 5) paused or killed: TryAcquire fails with
