@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +64,47 @@ func TestDemux(t *testing.T) {
 		if err != nil || got != tc.want {
 			t.Errorf("%s: got %q, %v; want %q", tc.name, got, err, tc.want)
 		}
+	}
+}
+
+// TestRetryEngine proves that a pause or unpause the engine fails with a
+// server error is tried again, a bounded number of times, and that other
+// errors are not; a conflict saying the earlier try took effect is success.
+func TestRetryEngine(t *testing.T) {
+	freeze := &apiError{op: "POST /containers/x/pause", status: 500, msg: "Cannot pause container x: OCI runtime pause failed: unable to freeze: unknown"}
+	paused := &apiError{op: "POST /containers/x/pause", status: 409, msg: "Container x is already paused"}
+	missing := &apiError{op: "POST /containers/x/pause", status: 404, msg: "No such container: x"}
+	for _, tc := range []struct {
+		name    string
+		replies []error // the last one repeats
+		calls   int
+		ok      bool
+	}{
+		{"transient", []error{freeze, freeze, nil}, 3, true},
+		{"persistent", []error{freeze}, engineTries, false},
+		{"not transient", []error{missing}, 1, false},
+		{"took effect after all", []error{freeze, paused}, 2, true},
+		{"conflict at first", []error{paused}, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			err := retryEngine(t.Context(), func() error {
+				calls++
+				return tc.replies[min(calls, len(tc.replies))-1]
+			}, "already paused")
+			if calls != tc.calls || (err == nil) != tc.ok {
+				t.Errorf("got %d calls and %v; want %d calls, success %v", calls, err, tc.calls, tc.ok)
+			}
+			if err != nil && !errors.Is(err, tc.replies[len(tc.replies)-1]) {
+				t.Errorf("got %v; want the engine's error in the chain", err)
+			}
+		})
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	calls := 0
+	err := retryEngine(ctx, func() error { calls++; return freeze }, "already paused")
+	if calls != 1 || !errors.Is(err, context.Canceled) || !errors.Is(err, freeze) {
+		t.Errorf("with ctx ended: got %d calls and %v; want 1 call and both errors", calls, err)
 	}
 }

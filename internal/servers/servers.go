@@ -589,7 +589,8 @@ func (s *Server) Pause(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := client.pauseContainer(ctx, s.containerID); err != nil {
+	err = retryEngine(ctx, func() error { return client.pauseContainer(ctx, s.containerID) }, "already paused")
+	if err != nil {
 		return fmt.Errorf("servers: pausing %s: %w", s, err)
 	}
 	return nil
@@ -603,10 +604,51 @@ func (s *Server) Unpause(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := client.unpauseContainer(ctx, s.containerID); err != nil {
+	err = retryEngine(ctx, func() error { return client.unpauseContainer(ctx, s.containerID) }, "is not paused")
+	if err != nil {
 		return fmt.Errorf("servers: unpausing %s: %w", s, err)
 	}
 	return nil
+}
+
+// engineTries bounds how often retryEngine makes a call.
+const engineTries = 5
+
+// retryEngine makes an engine call again, up to engineTries times in all
+// with a doubling pause from 50ms, while the engine answers it with a
+// server error (5xx): on a loaded machine the runtime's freezer can fail to
+// freeze or thaw a container's cgroup in time ("OCI runtime pause failed:
+// unable to freeze"), and the container is left as it was. A conflict (409)
+// whose message contains done, after a failed try, means that try took
+// effect after all: success. ctx bounds the whole.
+func retryEngine(ctx context.Context, call func() error, done string) error {
+	backoff := 50 * time.Millisecond
+	var errs []error
+	for try := 1; ; try++ {
+		err := call()
+		switch {
+		case err == nil:
+			return nil
+		case try > 1 && hasStatus(err, http.StatusConflict) && strings.Contains(err.Error(), done):
+			return nil
+		}
+		errs = append(errs, err)
+		var ae *apiError
+		if !errors.As(err, &ae) || ae.status < 500 || try == engineTries {
+			if len(errs) > 1 {
+				return fmt.Errorf("%d tries: %w", len(errs), errors.Join(errs...))
+			}
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(append(errs, ctx.Err())...)
+		case <-t.C:
+		}
+		backoff *= 2
+	}
 }
 
 // Stop kills the server with SIGKILL, as a crash would, and returns once it
