@@ -23,166 +23,242 @@ import (
 // safe: every request on the session, sent at that time or later, restarted
 // its timeout on the server.
 func (d *driver) queue(ctx context.Context, s *session, c *claim, n node, req dlockdriver.Request, wait bool, called time.Time) (*dlockdriver.Grant, error) {
-	var (
-		b        backoff
-		waited   bool // a listing found n not granted
-		children bool // list with a watch on the parent's children (see place)
-	)
+	w := &queueWait{d: d, s: s, c: c, n: n, req: req, wait: wait, called: called}
 	for {
-		sent := time.Now()
-		var (
-			list   []string
-			listed <-chan zk.Event
-			early  bool            // granted when the watched node is deleted (see firstNow)
-			own    <-chan zk.Event // early: the exists watch on n
-			armed  time.Time       // when the watches were asked for
-			epoch  uint64          // the connection they were set on
-		)
-		err := s.do(ctx, func() (err error) {
-			if children {
-				list, _, listed, err = s.conn.ChildrenW(c.parent)
-				return err
-			}
-			list, _, err = s.conn.Children(c.parent)
-			return err
-		}, nil)
-		if err == nil {
-			if !s.isLive(n.gen) {
-				d.forget(c)
-				return nil, errRequeue
-			}
-			q := queueOf(req.Kind, list)
-			i := -1
-			strays := 0
-			for j, e := range q {
-				switch {
-				case e.name == n.child:
-					i = j
-				case guidOf(e.name) == c.guid:
-					strays++
-				}
-			}
-			if strays > 0 {
-				// Deleted here, before the wait: one of them may be the node
-				// this one would wait for.
-				d.doubt(c)
-				var rerr error
-				for _, e := range q {
-					if rerr == nil && e.name != n.child && guidOf(e.name) == c.guid {
-						rerr = d.remove(s, c.parent+"/"+e.name)
-					}
-				}
-				if rerr == nil && i > 0 {
-					continue // look again
-				}
-			}
-			if i < 0 { // deleted by someone else
-				d.forget(c)
-				return nil, errRequeue
-			}
-			v := place(req, q, i)
-			switch {
-			case v.err != nil:
-				return nil, v.err
-			case v.granted:
-				if time.Since(called) <= req.TTL*3/4 {
-					sent = time.Time{}
-				}
-				// A permit node with nodes behind it marks its grant (see
-				// place); so does a lock node that waited, when it carries
-				// metadata: the mtime Inspect reports is then the grant's.
-				touch := req.Kind == dlockdriver.KindPermit && i+1 < len(q) ||
-					req.Kind == dlockdriver.KindLock && waited && req.Metadata != ""
-				return d.grant(s, c, n, req, sent, touch), nil
-			case !wait:
-				return nil, dlockdriver.Busy(0)
-			}
-			waited = true
-			var watch <-chan zk.Event
-			if v.children {
-				if !children {
-					children = true
-					continue // list again, watching the children
-				}
-				watch = listed
-			} else {
-				pred := c.parent + "/" + v.watch
-				// A session of the driver's own only: the application's
-				// connection tells no reconnection (see firstNow).
-				early = s.owned && i == 1 && (req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite) && !d.doubted(c)
-				var (
-					st    *zk.Stat
-					there bool // n, with an exists watch on it (early)
-				)
-				var g0 *generation
-				g0, epoch = s.connEpoch()
-				armed = time.Now()
-				err = s.do(ctx, func() (err error) {
-					if !early {
-						_, st, watch, err = s.conn.GetW(pred)
-						return err
-					}
-					var ownErr error
-					done := make(chan struct{})
-					go func() {
-						defer close(done)
-						there, _, own, ownErr = s.conn.ExistsW(n.path)
-					}()
-					_, st, watch, err = s.conn.GetW(pred)
-					<-done
-					if err == nil {
-						err = ownErr
-					}
-					return err
-				}, nil)
-				if errors.Is(err, zk.ErrNoNode) {
-					continue // gone already: look again
-				}
-				if err == nil && req.Kind == dlockdriver.KindPermit && st.Version > 0 {
-					continue // granted since the listing: look again
-				}
-				if err == nil && early {
-					if !there {
-						continue // n is gone: the listing says so
-					}
-					if g1, e1 := s.connEpoch(); g0 != n.gen || g1 != g0 || e1 != epoch {
-						early = false // reconnected meanwhile: list as usual
-					}
-				}
-			}
-			if err == nil {
-				b = backoff{}
-				select {
-				case ev := <-watch: // deleted or changed, or the watch was dropped: look again
-					if early && ev.Type == zk.EventNodeDeleted && d.firstNow(s, n, own, epoch) && time.Since(armed) <= req.TTL/2 {
-						// Granted: see firstNow. The validity counts from the
-						// call, or from the request that set the watches.
-						sent = armed
-						if time.Since(called) <= req.TTL*3/4 {
-							sent = time.Time{}
-						}
-						touch := req.Kind == dlockdriver.KindLock && req.Metadata != ""
-						return d.grant(s, c, n, req, sent, touch), nil
-					}
-					continue
-				case <-n.gen.gone:
-					d.forget(c)
-					return nil, errRequeue
-				case <-ctx.Done():
-					err = ctx.Err()
-				}
-			}
+		g, next, err := w.look(ctx)
+		switch next {
+		case lookAgain:
+			continue
+		case lookDone:
+			return g, err
 		}
+		// lookFailed: a request failed, or ctx ended during the wait.
 		if !s.isLive(n.gen) {
 			d.forget(c)
 			return nil, errRequeue
 		}
-		if ctx.Err() != nil || !wait || !transient(err) || !b.sleep(ctx, n.gen.gone) {
+		if ctx.Err() != nil || !wait || !transient(err) || !w.b.sleep(ctx, n.gen.gone) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
 			return nil, err
 		}
+	}
+}
+
+// lookNext is what queue does after one look at the queue.
+type lookNext int
+
+const (
+	lookDone   lookNext = iota // return the grant or the error
+	lookAgain                  // look again at once
+	lookFailed                 // a request failed, or ctx ended: retry after a backoff, or give up
+)
+
+// queueWait is the state of one queue call across its looks.
+type queueWait struct {
+	d      *driver
+	s      *session
+	c      *claim
+	n      node
+	req    dlockdriver.Request
+	wait   bool
+	called time.Time
+
+	b        backoff
+	waited   bool // a listing found n not granted
+	children bool // list with a watch on the parent's children (see place)
+}
+
+// watchSet is what a look that waits watches (see arm).
+type watchSet struct {
+	watch <-chan zk.Event
+	early bool            // granted when the watched node is deleted (see firstNow)
+	own   <-chan zk.Event // early: the exists watch on n
+	armed time.Time       // when the watches were asked for
+	epoch uint64          // the connection they were set on
+}
+
+// look lists the queue once and grants n, refuses it, or waits for what can
+// grant it to change.
+func (w *queueWait) look(ctx context.Context) (*dlockdriver.Grant, lookNext, error) {
+	s, c, n, req := w.s, w.c, w.n, w.req
+	sent := time.Now()
+	var (
+		list   []string
+		listed <-chan zk.Event
+	)
+	children := w.children
+	err := s.do(ctx, func() (err error) {
+		if children {
+			list, _, listed, err = s.conn.ChildrenW(c.parent)
+			return err
+		}
+		list, _, err = s.conn.Children(c.parent)
+		return err
+	}, nil)
+	if err != nil {
+		return nil, lookFailed, err
+	}
+	if !s.isLive(n.gen) {
+		w.d.forget(c)
+		return nil, lookDone, errRequeue
+	}
+	q, i, again := w.position(list)
+	if again {
+		return nil, lookAgain, nil
+	}
+	if i < 0 { // deleted by someone else
+		w.d.forget(c)
+		return nil, lookDone, errRequeue
+	}
+	v := place(req, q, i)
+	switch {
+	case v.err != nil:
+		return nil, lookDone, v.err
+	case v.granted:
+		if time.Since(w.called) <= req.TTL*3/4 {
+			sent = time.Time{}
+		}
+		// A permit node with nodes behind it marks its grant (see
+		// place); so does a lock node that waited, when it carries
+		// metadata: the mtime Inspect reports is then the grant's.
+		touch := req.Kind == dlockdriver.KindPermit && i+1 < len(q) ||
+			req.Kind == dlockdriver.KindLock && w.waited && req.Metadata != ""
+		return w.d.grant(s, c, n, req, sent, touch), lookDone, nil
+	case !w.wait:
+		return nil, lookDone, dlockdriver.Busy(0)
+	}
+	w.waited = true
+	ws, again, err := w.arm(ctx, v, i, listed)
+	switch {
+	case again:
+		return nil, lookAgain, nil
+	case err != nil:
+		return nil, lookFailed, err
+	}
+	return w.await(ctx, ws)
+}
+
+// position finds n in the listed queue of its kind (i < 0: it is not
+// there). Strays of c's GUID the listing shows are deleted here, before the
+// wait: one of them may be the node n would wait for. again: they were, and
+// n was not first, so look again.
+func (w *queueWait) position(list []string) (q []contender, i int, again bool) {
+	q = queueOf(w.req.Kind, list)
+	i = -1
+	strays := 0
+	for j, e := range q {
+		switch {
+		case e.name == w.n.child:
+			i = j
+		case guidOf(e.name) == w.c.guid:
+			strays++
+		}
+	}
+	if strays > 0 {
+		w.d.doubt(w.c)
+		var rerr error
+		for _, e := range q {
+			if rerr == nil && e.name != w.n.child && guidOf(e.name) == w.c.guid {
+				rerr = w.d.remove(w.s, w.c.parent+"/"+e.name)
+			}
+		}
+		if rerr == nil && i > 0 {
+			return q, i, true
+		}
+	}
+	return q, i, false
+}
+
+// arm sets the watch of a waiting node at q[i] judged v: the parent's
+// children (listed, the listing's watch, once the listing set it), or the
+// predecessor v names, and, for the first waiter of a lock or write lock
+// on an owned session, an exists watch on n itself (see firstNow). again:
+// look again at once (the listing must set the watch, the predecessor is
+// gone or, for a permit, granted since the listing, or n is gone).
+func (w *queueWait) arm(ctx context.Context, v verdict, i int, listed <-chan zk.Event) (watchSet, bool, error) {
+	s, c, n, req := w.s, w.c, w.n, w.req
+	if v.children {
+		if !w.children {
+			w.children = true
+			return watchSet{}, true, nil // list again, watching the children
+		}
+		return watchSet{watch: listed}, false, nil
+	}
+	pred := c.parent + "/" + v.watch
+	// A session of the driver's own only: the application's connection
+	// tells no reconnection (see firstNow).
+	early := s.owned && i == 1 && (req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite) && !w.d.doubted(c)
+	// Written by the call, which do may abandon to ctx and which then
+	// writes them later: read only once do returned nil.
+	var (
+		st         *zk.Stat
+		watch, own <-chan zk.Event
+		there      bool // n, with an exists watch on it (early)
+	)
+	g0, epoch := s.connEpoch()
+	armed := time.Now()
+	err := s.do(ctx, func() (err error) {
+		if !early {
+			_, st, watch, err = s.conn.GetW(pred)
+			return err
+		}
+		var ownErr error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			there, _, own, ownErr = s.conn.ExistsW(n.path)
+		}()
+		_, st, watch, err = s.conn.GetW(pred)
+		<-done
+		if err == nil {
+			err = ownErr
+		}
+		return err
+	}, nil)
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		return watchSet{}, true, nil // gone already: look again
+	case err != nil:
+		return watchSet{}, false, err
+	case req.Kind == dlockdriver.KindPermit && st.Version > 0:
+		return watchSet{}, true, nil // granted since the listing: look again
+	case early && !there:
+		return watchSet{}, true, nil // n is gone: the listing says so
+	}
+	if early {
+		if g1, e1 := s.connEpoch(); g0 != n.gen || g1 != g0 || e1 != epoch {
+			early = false // reconnected meanwhile: list as usual
+		}
+	}
+	return watchSet{watch: watch, early: early, own: own, armed: armed, epoch: epoch}, false, nil
+}
+
+// await waits for ws's watch to fire, for n's generation to end, or for
+// ctx. A deletion of the predecessor grants n at once when ws.early allows
+// (see firstNow); any other event means look again.
+func (w *queueWait) await(ctx context.Context, ws watchSet) (*dlockdriver.Grant, lookNext, error) {
+	s, c, n, req := w.s, w.c, w.n, w.req
+	w.b = backoff{}
+	select {
+	case ev := <-ws.watch: // deleted or changed, or the watch was dropped: look again
+		if ws.early && ev.Type == zk.EventNodeDeleted && w.d.firstNow(s, n, ws.own, ws.epoch) && time.Since(ws.armed) <= req.TTL/2 {
+			// Granted: see firstNow. The validity counts from the
+			// call, or from the request that set the watches.
+			sent := ws.armed
+			if time.Since(w.called) <= req.TTL*3/4 {
+				sent = time.Time{}
+			}
+			touch := req.Kind == dlockdriver.KindLock && req.Metadata != ""
+			return w.d.grant(s, c, n, req, sent, touch), lookDone, nil
+		}
+		return nil, lookAgain, nil
+	case <-n.gen.gone:
+		w.d.forget(c)
+		return nil, lookDone, errRequeue
+	case <-ctx.Done():
+		return nil, lookFailed, ctx.Err()
 	}
 }
 
