@@ -391,9 +391,6 @@ func (r *chaosRun) client(ctx context.Context, i int, l *dlock.Locker, rng *rand
 	s := r.s
 	ttl := s.cfg.TTL
 	for ctx.Err() == nil {
-		r.mu.Lock()
-		healed := r.healed
-		r.mu.Unlock()
 		call := time.Now()
 		try := rng.IntN(8) == 0
 		// Waits of various lengths, some cut short while queued.
@@ -408,7 +405,7 @@ func (r *chaosRun) client(ctx context.Context, i int, l *dlock.Locker, rng *rand
 		granted := time.Now()
 		cancel()
 		r.mu.Lock()
-		healed = r.healed
+		healed := r.healed
 		r.mu.Unlock()
 		if err != nil {
 			kind := "other"
@@ -607,8 +604,10 @@ func (r *chaosRun) pathNemesis(ctx context.Context, i int, f Faults, rng *rand.R
 }
 
 // serverNemesis pauses and restarts the backend until ctx ends, and leaves
-// it running. A failing fault call fails the test and ends the server
-// faults.
+// it running. A fault the harness fails to inject or to end (its
+// ServerFaults method returns an error) ends the server faults and is
+// reported as the harness's failure, apart from the driver's violations:
+// the run goes on with the path faults and its properties are checked.
 func (r *chaosRun) serverNemesis(ctx context.Context, rng *rand.Rand) {
 	s := r.s
 	ttl := s.cfg.TTL
@@ -616,7 +615,8 @@ func (r *chaosRun) serverNemesis(ctx context.Context, rng *rand.Rand) {
 		octx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if err := op(octx); err != nil {
-			s.t.Errorf("chaos: %s: %v", what, err)
+			s.t.Errorf("harness: could not %s the server (%T's ServerFaults failed, not the driver; "+
+				"the run goes on without server faults): %v", what, s.h, err)
 			return false
 		}
 		return true
@@ -624,14 +624,21 @@ func (r *chaosRun) serverNemesis(ctx context.Context, rng *rand.Rand) {
 	for sleepCtx(ctx, between(rng, ttl, 4*ttl)) {
 		if rng.IntN(3) > 0 {
 			r.count(faultPause)
-			if !call("PauseServer", r.srv.PauseServer) {
-				call("ResumeServer after a failed PauseServer", r.srv.ResumeServer)
+			if !call("pause", r.srv.PauseServer) {
+				// It may have been paused all the same; when it was not,
+				// resuming it fails, and that says nothing more.
+				octx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				if err := r.srv.ResumeServer(octx); err != nil {
+					s.t.Logf("harness: ResumeServer after the failed PauseServer: %v", err)
+				}
+				cancel()
 				return
 			}
 			from := time.Now()
 			sleepCtx(ctx, between(rng, ttl/4, 3*ttl))
 			until := time.Now()
-			if !call("ResumeServer", r.srv.ResumeServer) {
+			if !call("resume", r.srv.ResumeServer) {
+				s.t.Errorf("harness: the server may still be paused: liveness violations below may come from that")
 				return
 			}
 			r.mu.Lock()
@@ -641,7 +648,7 @@ func (r *chaosRun) serverNemesis(ctx context.Context, rng *rand.Rand) {
 		}
 		r.count(faultRestart)
 		at := time.Now()
-		if !call("RestartServer", r.srv.RestartServer) {
+		if !call("restart", r.srv.RestartServer) {
 			return
 		}
 		r.event(-1, faultRestart, at, time.Now())

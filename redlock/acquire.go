@@ -436,8 +436,12 @@ func (a *acquisition) decide(ctx context.Context) (*dlockdriver.Grant, error) {
 		}
 	}
 	if elapsed := time.Since(a.start); elapsed >= a.req.TTL-drift {
+		// Granted, too late to be of use: nobody else holds the lock, so
+		// not ErrNotAcquired (which would end a TryAcquire as "held" and
+		// an Acquire's retries as a backend error). The nodes are given
+		// back by ask, since the attempt did not win.
 		return nil, fmt.Errorf("%w: redlock: a majority for %q took %v, past the TTL %v minus drift %v",
-			dlock.ErrNotAcquired, a.keys[0], elapsed.Round(time.Microsecond), a.req.TTL, drift)
+			dlock.ErrGrantExpired, a.keys[0], elapsed.Round(time.Microsecond), a.req.TTL, drift)
 	}
 	a.won = true
 	return &dlockdriver.Grant{
