@@ -296,6 +296,12 @@ func (c *Conn) SetLogger(l Logger) {
 }
 
 func (c *Conn) setTimeouts(sessionTimeoutMs int32) {
+	// dlock: a connect response without a positive timeout keeps the
+	// timeouts in force; upstream set a zero ping interval from it, on which
+	// sendLoop's time.NewTicker panics.
+	if sessionTimeoutMs <= 0 {
+		return
+	}
 	c.sessionTimeoutMs = sessionTimeoutMs
 	sessionTimeout := time.Duration(sessionTimeoutMs) * time.Millisecond
 	c.recvTimeout = sessionTimeout * 2 / 3
