@@ -10,11 +10,7 @@
 //	type harness struct{ *dlocktest.Server }
 //
 //	func (h harness) NewLocker(t testing.TB, d *dlock.Options) (*dlock.Locker, conformance.Faults) {
-//		p, err := faultnet.Listen(h.Addr()) // this locker's own faultable path
-//		if err != nil {
-//			t.Fatal(err)
-//		}
-//		t.Cleanup(func() { p.Close() })
+//		p := faultnet.ListenT(t, h.Addr()) // this locker's own faultable path
 //		return newLocker(t, p.Addr(), d), p // the driver's client, dialling p
 //	}
 //	func (h harness) Residue(ctx context.Context, name string) ([]string, error) { … }

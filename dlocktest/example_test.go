@@ -24,11 +24,7 @@ type harness struct{ *dlocktest.Server }
 // NewLocker gives each locker its own client, dialling the server through
 // its own faultnet proxy.
 func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
-	p, err := faultnet.Listen(h.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, h.Addr())
 	c := goredis.NewClient(&goredis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	o := &redis.Options{}

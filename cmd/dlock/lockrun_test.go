@@ -242,11 +242,7 @@ func redisURL(t *testing.T, proxied bool) (string, *faultnet.Proxy) {
 	if !proxied {
 		return "redis://" + addr + "/0", nil
 	}
-	p, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, addr)
 	return "redis://" + p.Addr() + "/0", p
 }
 

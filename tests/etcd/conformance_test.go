@@ -26,11 +26,7 @@ type harness struct {
 
 func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	t.Helper()
-	p, err := faultnet.Listen(h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, h.addr)
 	c := newClient(t, p.Addr())
 	o := &etcd.Options{KeyPrefix: h.prefix, LeasePerLock: h.perLock}
 	if defaults != nil {

@@ -113,11 +113,7 @@ func TestWaiterLeaseExpiresWhilePartitioned(t *testing.T) {
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, srv.Addr())
 	b := newLocker(t, newClient(t, p.Addr()), &etcd.Options{KeyPrefix: prefix})
 	name := "partitioned"
 	la, err := a.Acquire(ctx, name, &dlock.Options{TTL: 10 * time.Second})
@@ -189,11 +185,7 @@ func TestWatchResumedAfterCompaction(t *testing.T) {
 	}
 
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, srv.Addr())
 	b := newLocker(t, newClient(t, p.Addr()), &etcd.Options{KeyPrefix: prefix})
 	c := newLocker(t, newClient(t, p.Addr()), &etcd.Options{KeyPrefix: prefix})
 	name := "compacted"

@@ -245,11 +245,7 @@ func TestSharedLeaseWatchCompacted(t *testing.T) {
 	srv, _ := etcdServer(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, srv.Addr())
 	l := newLocker(t, newClient(t, p.Addr()), &etcd.Options{KeyPrefix: prefix})
 	ctx := testCtx(t)
 	opts := &dlock.Options{TTL: 6 * time.Second}

@@ -24,11 +24,7 @@ type harness struct {
 
 func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	t.Helper()
-	p, err := faultnet.Listen(h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, h.addr)
 	o := &postgres.Options{SharedSessions: h.shared}
 	if defaults != nil {
 		o.Defaults = *defaults

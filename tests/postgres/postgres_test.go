@@ -136,11 +136,7 @@ func closeAtCleanup(t testing.TB, l *dlock.Locker) {
 // proxied returns a faultnet proxy in front of addr, closed at cleanup.
 func proxied(t testing.TB, addr string) *faultnet.Proxy {
 	t.Helper()
-	p, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, addr)
 	return p
 }
 

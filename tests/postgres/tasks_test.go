@@ -20,11 +20,7 @@ type queueHarness struct {
 
 func (h queueHarness) NewClient(t *testing.T) (*queue.Client, conformance.Faults) {
 	t.Helper()
-	p, err := faultnet.Listen(h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, h.addr)
 	cfg, err := pgxpool.ParseConfig(dsn(p.Addr()))
 	if err != nil {
 		t.Fatal(err)

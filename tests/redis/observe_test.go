@@ -18,11 +18,7 @@ import (
 // lease, which they hear too (Error), with the lock's name and without the
 // token.
 func TestObserverRefreshFailuresAndLoss(t *testing.T) {
-	proxy, err := faultnet.Listen(redisAddr(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy := faultnet.ListenT(t, redisAddr(t))
 	l := newLocker(t, newClient(t, proxy.Addr()), nil)
 	var (
 		mu    sync.Mutex

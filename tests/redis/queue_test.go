@@ -144,11 +144,7 @@ func TestCancelledWaiterPassesGrantOn(t *testing.T) {
 	p := testPrefix(t, raw)
 	key := p + "{c}"
 	holder := newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p})
-	proxy, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy := faultnet.ListenT(t, addr)
 	slow := newLocker(t, newClient(t, proxy.Addr()), &redis.Options{KeyPrefix: p})
 	next := newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p})
 	opts := &dlock.Options{TTL: 10 * time.Second}
@@ -221,11 +217,7 @@ func TestDeadWaiterSkipped(t *testing.T) {
 	p := testPrefix(t, raw)
 	key := p + "{d}"
 	holder := newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p})
-	proxy, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy := faultnet.ListenT(t, addr)
 	dead := newLocker(t, newClient(t, proxy.Addr()), &redis.Options{KeyPrefix: p})
 	live := newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p})
 
@@ -352,11 +344,7 @@ func TestHandoffFoundWithoutMessage(t *testing.T) {
 	p := testPrefix(t, raw)
 	key := p + "{m}"
 	holder := newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p})
-	proxy, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy := faultnet.ListenT(t, addr)
 	waiter := newLocker(t, newClient(t, proxy.Addr()), &redis.Options{KeyPrefix: p})
 	ls, err := holder.TryAcquire(ctx, "m", &dlock.Options{TTL: 10 * time.Second})
 	if err != nil {

@@ -682,11 +682,7 @@ func TestNotifiedAfterReset(t *testing.T) {
 			addr := redisAddr(t)
 			raw := newClient(t, addr)
 			p := testPrefix(t, raw)
-			proxy, err := faultnet.Listen(addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = proxy.Close() })
+			proxy := faultnet.ListenT(t, addr)
 			holder := newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p})
 			waiter := newLocker(t, newClient(t, proxy.Addr()), &redis.Options{KeyPrefix: p})
 			ls, err := holder.TryAcquire(ctx, "r", &dlock.Options{TTL: 10 * time.Second})
@@ -738,11 +734,7 @@ func TestNotifiedAfterPartition(t *testing.T) {
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
-	proxy, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy := faultnet.ListenT(t, addr)
 	holder := newLocker(t, newClient(t, addr), &redis.Options{KeyPrefix: p})
 	waiter := newLocker(t, newClient(t, proxy.Addr()), &redis.Options{KeyPrefix: p})
 	ls, err := holder.TryAcquire(ctx, "q", &dlock.Options{TTL: 10 * time.Second})
@@ -803,11 +795,7 @@ func TestBlackholedCallsEndWithCtx(t *testing.T) {
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
-	proxy, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
+	proxy := faultnet.ListenT(t, addr)
 	l := newLocker(t, newClient(t, proxy.Addr()), &redis.Options{KeyPrefix: p})
 	ls, err := l.TryAcquire(ctx, "b", &dlock.Options{TTL: 2 * time.Second})
 	if err != nil {

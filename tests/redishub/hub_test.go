@@ -145,11 +145,7 @@ func TestWatchWaitsForItsOwnConfirmation(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	raw := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer raw.Close()
-	proxy, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	proxy := faultnet.ListenT(t, addr)
 	h := newHub(t, proxy.Addr(), 3*time.Second)
 	ctx := context.Background()
 	prefix := "dlocktest:hub:" + time.Now().Format("150405.000000") + ":"
@@ -187,11 +183,7 @@ func TestWatchWaitsForItsOwnConfirmation(t *testing.T) {
 // existing waiters are woken. After the heal, watching works again.
 func TestWatchFailsOnSilentConnection(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
-	proxy, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	proxy := faultnet.ListenT(t, addr)
 	const confirm = 300 * time.Millisecond
 	h := newHub(t, proxy.Addr(), confirm)
 	ctx := context.Background()
@@ -245,11 +237,7 @@ func TestSilentConnectionPinged(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
 	raw := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer raw.Close()
-	proxy, err := faultnet.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	proxy := faultnet.ListenT(t, addr)
 	const confirm = 300 * time.Millisecond
 	h := newHub(t, proxy.Addr(), confirm)
 	h.SetPingIdle(pingIdle)

@@ -104,11 +104,7 @@ func (c *cluster) proxied(t testing.TB) ([]goredis.UniversalClient, proxies) {
 	cs := make([]goredis.UniversalClient, len(c.srvs))
 	ps := make(proxies, len(c.srvs))
 	for i, s := range c.srvs {
-		p, err := faultnet.Listen(s.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
+		p := faultnet.ListenT(t, s.Addr())
 		ps[i] = p
 		cs[i] = newClient(t, p.Addr())
 	}

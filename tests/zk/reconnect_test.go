@@ -104,11 +104,7 @@ func (h *oneHost) Connected() {
 func TestReconnectWithWatches(t *testing.T) {
 	began := time.Now()
 	srv := dlocktest.Require(t, dlocktest.ZooKeeper)
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, srv.Addr())
 
 	sessions := make(chan struct{}, 100) // one per StateHasSession
 	c := dial(t, p.Addr(), func(ev zk.Event) {

@@ -374,11 +374,7 @@ func TestResetStorm(t *testing.T) {
 	srv := zkServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, srv.Addr())
 	ttl := 2 * time.Second
 	lockers := []*dlock.Locker{connect(t, p.Addr(), withTTL(ttl)), connect(t, srv.Addr(), withTTL(ttl))}
 	raw := rawConn(t, srv.Addr(), 10*time.Second)

@@ -419,11 +419,7 @@ func TestOrphanPause(t *testing.T) {
 	proxies := make([]*faultnet.Proxy, n)
 	lockers := make([]*dlock.Locker, n)
 	for i := range lockers {
-		p, err := faultnet.Listen(srv.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
+		p := faultnet.ListenT(t, srv.Addr())
 		proxies[i] = p
 		lockers[i] = connect(t, p.Addr(), withTTL(ttl))
 	}
@@ -541,11 +537,7 @@ func TestOrphanChaos(t *testing.T) {
 	proxies := make([]*faultnet.Proxy, n)
 	lockers := make([]*dlock.Locker, n)
 	for i := range lockers {
-		p, err := faultnet.Listen(srv.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
+		p := faultnet.ListenT(t, srv.Addr())
 		proxies[i] = p
 		lockers[i] = connect(t, p.Addr(), withTTL(ttl))
 	}
@@ -664,10 +656,6 @@ func orphanSetup(t *testing.T) (*dlocktest.Server, context.Context, *faultnet.Pr
 	srv := zkServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, srv.Addr())
 	return srv, ctx, p
 }

@@ -174,11 +174,7 @@ func TestSessionKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ttl := 20 * time.Second
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, srv.Addr())
 	var hs handshakes
 	holder := connect(t, p.Addr(), &zookeeper.Options{Defaults: dlock.Options{TTL: ttl}, Dialer: hs.dial})
 	w1 := connect(t, srv.Addr(), withTTL(ttl))
@@ -246,11 +242,7 @@ func TestPartitionedHolder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ttl := time.Second
-	p, err := faultnet.Listen(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultnet.ListenT(t, srv.Addr())
 	holder := connect(t, p.Addr(), withTTL(ttl))
 	w1 := connect(t, srv.Addr(), withTTL(ttl))
 	w2 := connect(t, srv.Addr(), withTTL(ttl))
