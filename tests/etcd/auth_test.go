@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ import (
 // password or a prefix outside the permission fails at Open, and no error
 // shows the password.
 func TestOpenAuth(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.RequireNewWith(t, dlocktest.Etcd, &dlocktest.StartOptions{Env: fastElection})
 	root := newClient(t, srv.Addr())
 	const rootPW, userPW = "r00t-pw", "us3r/p@ss"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -47,7 +48,7 @@ func TestBatchedRefreshOnServer(t *testing.T) {
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, c, &etcd.Options{KeyPrefix: prefix, LeasePerLock: true})
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	const n = 200
 	leases := make([]*dlock.Lease, n)
 	for i := range leases {

@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"io"
 	"maps"
 	"net/http"
@@ -68,7 +69,7 @@ func benchLocker(b *testing.B, addr, prefix string) *dlock.Locker {
 
 // benchPrefix returns a key prefix for one benchmark, emptied at cleanup.
 func benchPrefix(b *testing.B, raw *clientv3.Client) string {
-	p := "dlockbench/" + randomHex(4) + "/"
+	p := "dlockbench/" + testutil.RandomHex(4) + "/"
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"os"
 	"strconv"
 	"strings"
@@ -37,7 +38,7 @@ func startCluster(t *testing.T) *cluster {
 	for i := range n {
 		initial = append(initial, fmt.Sprintf("m%d=http://m%d:2380", i, i))
 	}
-	token := "dlock-" + randomHex(4)
+	token := "dlock-" + testutil.RandomHex(4)
 	c := &cluster{members: make([]*dlocktest.Server, n)}
 	errs := make([]error, n)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
@@ -115,7 +116,7 @@ func TestCluster(t *testing.T) {
 	// signal, same fence, the key untouched), nobody else is granted, and a
 	// waiter queued across the failover is granted on the release.
 	t.Run("LeaderKilled", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := testutil.Ctx(t)
 		prefix := testPrefix(t, raw, 0)
 		o := &etcd.Options{KeyPrefix: prefix}
 		holder := newLocker(t, newClient(t, c.endpoints...), o)
@@ -187,7 +188,7 @@ func TestCluster(t *testing.T) {
 	// its ValidUntil; nobody acquires during the outage; once the quorum is
 	// back, acquisition resumes.
 	t.Run("QuorumLost", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := testutil.Ctx(t)
 		prefix := testPrefix(t, raw, 0)
 		o := &etcd.Options{KeyPrefix: prefix}
 		holder := newLocker(t, newClient(t, c.endpoints...), o)

@@ -1,6 +1,7 @@
 package etcd_test
 
 import (
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net/url"
 	"os"
 
@@ -21,7 +22,7 @@ import (
 // revision; names with "/" and "%" are escaped.
 func TestLayout(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -100,7 +101,7 @@ func TestLayout(t *testing.T) {
 // A name and a name below it ("a" and "a/b") are independent locks.
 func TestNamesDoNotNest(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -129,7 +130,7 @@ func TestTTLRaisedIsReported(t *testing.T) {
 	if os.Getenv("DLOCK_ETCD_ADDR") != "" {
 		t.Skip("needs etcd's default configuration")
 	}
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.RequireNew(t, dlocktest.Etcd) // the default configuration: 2s minimum
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
@@ -163,7 +164,7 @@ func TestTTLRaisedIsReported(t *testing.T) {
 // TTL.
 func TestRefreshChangesTTL(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -202,7 +203,7 @@ func TestRefreshChangesTTL(t *testing.T) {
 // is reported lost by the next watchdog refresh, before ValidUntil.
 func TestLossDetected(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -241,7 +242,7 @@ func TestLossDetected(t *testing.T) {
 // Close revokes the idle ones.
 func TestIdleLeasesReusedAndRevoked(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l, err := etcd.New(newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix, LeasePerLock: true})
@@ -278,7 +279,7 @@ func TestIdleLeasesReusedAndRevoked(t *testing.T) {
 // owns its client, and fails without the password in the error.
 func TestOpen(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l, err := dlock.Open(ctx, "etcd://"+srv.Addr()+",127.0.0.1:1/"+prefix+"?ttl=4s&dial_timeout=2s")
@@ -385,7 +386,7 @@ func TestParseURL(t *testing.T) {
 // A lease survives a restart of the server shorter than its TTL: same key,
 // same fence, nobody else granted, the watchdog carries on.
 func TestSurvivesRestart(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.RequireNewWith(t, dlocktest.Etcd, &dlocktest.StartOptions{Env: fastElection})
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)

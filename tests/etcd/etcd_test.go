@@ -2,8 +2,6 @@ package etcd_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
 	"strconv"
@@ -14,6 +12,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/etcd"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -65,19 +64,13 @@ func newClient(t testing.TB, endpoints ...string) *clientv3.Client {
 	return c
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // testPrefix returns a key prefix unique to t and, at cleanup (after the
 // lockers registered later are closed), fails the test if anything is left
 // under it, then deletes it. Keys of leases lost on purpose may linger
 // until their TTL plus etcd's expiry slack: it waits that long.
 func testPrefix(t *testing.T, raw *clientv3.Client, linger time.Duration) string {
 	t.Helper()
-	p := "dlocktest/" + randomHex(4) + "/"
+	p := "dlocktest/" + testutil.RandomHex(4) + "/"
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second+linger)
 		defer cancel()
@@ -119,10 +112,4 @@ func newLocker(t testing.TB, client *clientv3.Client, opts *etcd.Options) *dlock
 		}
 	})
 	return l
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"os"
 	"os/exec"
 	"strings"
@@ -35,7 +36,7 @@ func etcdctl(t *testing.T) string {
 func TestEtcdctlLockWaitsForDlock(t *testing.T) {
 	bin := etcdctl(t)
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -82,7 +83,7 @@ func TestEtcdctlLockWaitsForDlock(t *testing.T) {
 func TestDlockWaitsForEtcdctlLock(t *testing.T) {
 	bin := etcdctl(t)
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})

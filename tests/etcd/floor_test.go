@@ -1,6 +1,7 @@
 package etcd_test
 
 import (
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net/url"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 // delete by token; Close revokes its lease, and with it any key it holds.
 func TestFloor(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	open, err := bench.EtcdFloors(&url.URL{Scheme: "etcd", Host: srv.Addr(), Path: prefix})

@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"testing"
 	"time"
 
@@ -42,7 +43,7 @@ func createRevision(t *testing.T, ctx context.Context, raw *clientv3.Client, key
 // excludes dlock until it unlocks.
 func TestInteropDlockThenMutex(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -98,7 +99,7 @@ func TestInteropDlockThenMutex(t *testing.T) {
 // the previous holder's key revision.
 func TestInteropMutexThenDlock(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -160,7 +161,7 @@ func TestInteropMutexThenDlock(t *testing.T) {
 // on one session does not: both would get the same key).
 func TestSameLockerSameName(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})

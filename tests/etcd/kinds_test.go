@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/dlock/dlock/internal/testexport/etcdexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -106,7 +107,7 @@ func fence(t *testing.T, ls *dlock.Lease) uint64 {
 // Names lists the lock only.
 func TestKindsLayout(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -181,7 +182,7 @@ func TestKindsLayout(t *testing.T) {
 // the grants.
 func TestSemaphoreQueue(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "queue"
@@ -245,7 +246,7 @@ func TestSemaphoreReleaseBeforeWatch(t *testing.T) {
 	for _, compact := range []bool{false, true} {
 		t.Run(map[bool]string{false: "release", true: "release and compaction"}[compact], func(t *testing.T) {
 			srv, _ := etcdServer(t)
-			ctx := testCtx(t)
+			ctx := testutil.Ctx(t)
 			raw := newClient(t, srv.Addr())
 			prefix := testPrefix(t, raw, 0)
 			name := "gap"
@@ -302,7 +303,7 @@ func TestSemaphoreReleaseBeforeWatch(t *testing.T) {
 // semaphore is full and a waiter queues under the holders' limit.
 func TestSemaphoreLimitMismatchLeavesNoKey(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "mismatch"
@@ -351,7 +352,7 @@ func TestSemaphoreLimitMismatchLeavesNoKey(t *testing.T) {
 // reader that waits gets in after it.
 func TestRWLockQueue(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "rw"
@@ -411,7 +412,7 @@ func TestRWLockQueue(t *testing.T) {
 // nearest key the writer waits on) does not grant it; releasing r1 does.
 func TestRWLockWriterWaitsForEveryOlderReader(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "readers"
@@ -444,7 +445,7 @@ func TestRWLockWriterWaitsForEveryOlderReader(t *testing.T) {
 // recipe writer waits for dlock's reader; readers of both share.
 func TestRWLockRecipeInterop(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "recipe"
@@ -501,7 +502,7 @@ func TestRWLockRecipeInterop(t *testing.T) {
 // dlock leader's candidate id.
 func TestElectionInterop(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "election"
@@ -546,7 +547,7 @@ func TestElectionInterop(t *testing.T) {
 // Notifier): the next leader is reported well within the old one's TTL.
 func TestObserveHearsResignation(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "observe"

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/dlock/dlock/internal/testexport/etcdexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -70,7 +71,7 @@ func acquireAsync(ctx context.Context, l *dlock.Locker, name string, o *dlock.Op
 // holder keeps its lock.
 func TestWaiterLeaseRevoked(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -109,7 +110,7 @@ func TestWaiterLeaseRevoked(t *testing.T) {
 // though the holder released meanwhile and the name is free.
 func TestWaiterLeaseExpiresWhilePartitioned(t *testing.T) {
 	srv, minTTL := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -162,7 +163,7 @@ func TestWaiterLeaseExpiresWhilePartitioned(t *testing.T) {
 // granted on the release, and a cancelled one leaves no key behind.
 func TestWatchResumedAfterCompaction(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	var compacted, waiting atomic.Int32
@@ -260,7 +261,7 @@ func TestWatchResumedAfterCompaction(t *testing.T) {
 // watch is not missed: the waiter is granted.
 func TestReleaseBetweenReadAndWatch(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	a := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
@@ -298,7 +299,7 @@ func TestReleaseBetweenReadAndWatch(t *testing.T) {
 // Waiters are granted in the order they queued, with increasing fences.
 func TestFIFO(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "fifo"
@@ -350,7 +351,7 @@ func TestFIFO(t *testing.T) {
 // and its release, and no other unary request.
 func TestWaiterFollowsLockerWatch(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "follow"
@@ -412,7 +413,7 @@ func TestWaiterFollowsLockerWatch(t *testing.T) {
 // does, and a waiter is granted once it goes.
 func TestWaiterBehindNestedKey(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "outer"
@@ -449,7 +450,7 @@ func TestWaiterBehindNestedKey(t *testing.T) {
 // is gone, whatever their order of deletion.
 func TestWaiterBehindLongQueue(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	name := "long"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -59,7 +60,7 @@ func TestSharedLeaseOnServer(t *testing.T) {
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, c, &etcd.Options{KeyPrefix: prefix})
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	const count = 200
 	leases := make([]*dlock.Lease, count)
 	var err error
@@ -163,7 +164,7 @@ func TestSharedLeaseUnrefreshedExpires(t *testing.T) {
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
 	other := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	ttl := 3 * time.Second
 	kept, err := l.Acquire(ctx, "kept", &dlock.Options{TTL: ttl})
 	if err != nil {
@@ -211,7 +212,7 @@ func TestSharedLeaseOrphanDeleted(t *testing.T) {
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, newClient(t, srv.Addr()), &etcd.Options{KeyPrefix: prefix})
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	ls, err := l.Acquire(ctx, "held", &dlock.Options{TTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -247,7 +248,7 @@ func TestSharedLeaseWatchCompacted(t *testing.T) {
 	prefix := testPrefix(t, raw, 0)
 	p := faultnet.ListenT(t, srv.Addr())
 	l := newLocker(t, newClient(t, p.Addr()), &etcd.Options{KeyPrefix: prefix})
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	opts := &dlock.Options{TTL: 6 * time.Second}
 	gone, err := l.Acquire(ctx, "gone", opts)
 	if err != nil {
@@ -298,7 +299,7 @@ func TestSharedLeaseMarker(t *testing.T) {
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, c, &etcd.Options{KeyPrefix: prefix})
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	opts := &dlock.Options{TTL: 3 * time.Second}
 	kept, err := l.Acquire(ctx, "kept", opts)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 // a server name the certificate does not carry.
 func TestOpenTLS(t *testing.T) {
 	srv, _ := etcdServer(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	pki := testpki.New(t, "etcd.test")

@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,7 +25,7 @@ func TestGroupedTxns(t *testing.T) {
 	raw := newClient(t, srv.Addr())
 	prefix := testPrefix(t, raw, 0)
 	l := newLocker(t, c, &etcd.Options{KeyPrefix: prefix})
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	const count, workers = 400, 16
 	run := func(f func(i int)) {
 		var next atomic.Int64

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 // at once (its idle connection is watched), long before its next refresh
 // would, and the waiter is granted with a higher fencing token.
 func TestTerminateBackend(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -64,7 +65,7 @@ func TestTerminateBackend(t *testing.T) {
 // before the holder's ValidUntil, and within ExpirySlack (plus scheduling
 // tolerance) after it. The lease's loss signal comes first.
 func TestIdleSessionTimeout(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := proxied(t, srv.Addr())
@@ -111,7 +112,7 @@ func TestIdleSessionTimeout(t *testing.T) {
 // reports loss, a waiter queues again once the server is back and is granted,
 // and fencing tokens taken after the restart exceed every one from before.
 func TestServerRestart(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.RequireNew(t, dlocktest.Postgres)
 	l := newLocker(t, srv.Addr(), nil)
 	w := newLocker(t, srv.Addr(), nil)
@@ -172,7 +173,7 @@ func TestServerRestart(t *testing.T) {
 // the statement is cancelled on the server, the connection survives, and the
 // lease holds on. (A Release cut short drops it, and says so.)
 func TestCancelledCtxKeepsLock(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := proxied(t, srv.Addr())
@@ -280,7 +281,7 @@ func TestCancelledCtxKeepsLock(t *testing.T) {
 // A cancelled wait leaves nothing in pg_locks by the time Acquire returns:
 // the waiting backend left the queue.
 func TestCancelledWaitLeavesQueue(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -317,7 +318,7 @@ func TestCancelledWaitLeavesQueue(t *testing.T) {
 // lock and no waiter is left once the dust settles, and a waiter that
 // returned a lease holds it.
 func TestGrantCancelRace(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -360,7 +361,7 @@ func TestGrantCancelRace(t *testing.T) {
 
 // Waiters are granted in the order they queued (the server's lock queue).
 func TestFIFO(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	holder := newLocker(t, srv.Addr(), nil)

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net/url"
 	"strings"
 	"testing"
@@ -21,7 +22,7 @@ import (
 // postgres.EpochGap forward. Without that step the token after the restart
 // would be below the earlier ones.
 func TestFenceAfterCrashThatLostValues(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.RequireNew(t, dlocktest.Postgres)
 	l := newLocker(t, srv.Addr(), nil)
 	name := uniqueName(t)
@@ -71,7 +72,7 @@ func TestFenceAfterCrashThatLostValues(t *testing.T) {
 // NewFromConfig with an error naming postgres.DDL; once an administrator ran
 // it (and granted the rights), the role fences.
 func TestFenceObjectsByAdministrator(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	admin := rawConn(t, addr)
 	suffix := fmt.Sprintf("%d", time.Now().UnixNano())

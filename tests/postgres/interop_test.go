@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"os"
 	"os/exec"
 	"strings"
@@ -19,7 +20,7 @@ import (
 // on its own backend, visible in pg_locks; raw SQL on the same key is
 // excluded by it and excludes it, both ways, with and without a key prefix.
 func TestRawSQLInterop(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	for _, prefix := range []string{"", "app/"} {
@@ -101,7 +102,7 @@ func TestRawSQLInterop(t *testing.T) {
 // (DLOCK_REQUIRE_BACKENDS=1) and skips otherwise; TestRawSQLInterop runs the
 // same statements over a raw connection either way.
 func TestPsqlInterop(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	psql, err := exec.LookPath("psql")
 	if err != nil {
@@ -178,7 +179,7 @@ func TestPsqlInterop(t *testing.T) {
 // Every pgx query execution mode works, the statement cache off (as behind a
 // pooler) and the simple protocol included.
 func TestQueryExecModes(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	for _, mode := range []pgx.QueryExecMode{
 		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/dlock/dlock/internal/testexport/postgresexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"slices"
 	"strings"
 	"testing"
@@ -171,7 +172,7 @@ func release(t testing.TB, ls *dlock.Lease) {
 // excludes readers and writers; each side is its own advisory key, apart
 // from the lock of the same name; writers fence, readers do not.
 func TestRWLockExclusion(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -240,7 +241,7 @@ func TestRWLockExclusion(t *testing.T) {
 // the reader already holding keeps its hold; the writer is granted when
 // that reader leaves, the queued reader when the writer does.
 func TestRWLockWriterPreference(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -277,7 +278,7 @@ func TestRWLockWriterPreference(t *testing.T) {
 // A writer whose wait is cut short leaves the queue, and the readers it kept
 // out are granted at once.
 func TestRWLockCancelledWriterLetsReadersIn(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -309,7 +310,7 @@ func TestRWLockCancelledWriterLetsReadersIn(t *testing.T) {
 // another limit is refused with ErrLimitMismatch, taking nothing; permits
 // fence; a release lets the next one in.
 func TestSemaphoreLimit(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -406,7 +407,7 @@ func TestSemaphoreLimit(t *testing.T) {
 // and hands the permit on at once (well within the head's backoff), in
 // the order the waiters came.
 func TestSemaphoreWaitersInOrder(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -461,7 +462,7 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 // its slot comes back to a waiter without a release to hear: the head looks
 // again within its backoff.
 func TestSemaphoreTerminatedHolder(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -494,7 +495,7 @@ func TestSemaphoreTerminatedHolder(t *testing.T) {
 // A wait for a permit cut short leaves nothing behind: not its place in the
 // queue, nor a hold of the limit's key.
 func TestSemaphoreCancelledWait(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -532,7 +533,7 @@ func TestSemaphoreCancelledWait(t *testing.T) {
 // a higher term; a terminated leader's row is no longer read, and the next
 // leader's grant deletes it; nothing is left once the last leader resigned.
 func TestElection(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -613,7 +614,7 @@ func TestElection(t *testing.T) {
 // A connection kept from a lease with metadata (parked, see TestParkedConnection)
 // carries none of it into the next lease of the same name.
 func TestMetadataNotInherited(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	a := newLocker(t, srv.Addr(), nil)
 	name := uniqueName(t)
@@ -644,7 +645,7 @@ func TestMetadataNotInherited(t *testing.T) {
 // ErrLimitMismatch, taking nothing. (A permit's interval as the client saw
 // it lies within its hold on the server, so an overlap here is one there.)
 func TestSemaphoreMismatchRace(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	name := uniqueName(t)
@@ -712,7 +713,7 @@ func TestSemaphoreMismatchRace(t *testing.T) {
 // Observe, no connection is out of the pool, and none listens or has the
 // lease's settings left.
 func TestKindsConnectionsReturned(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "", 4)
 	var idle, sync string
@@ -821,7 +822,7 @@ func TestKindsConnectionsReturned(t *testing.T) {
 // looked with an ordinary statement would not hear a release made during
 // its look. runListening reads it.
 func TestRunListeningHearsNotificationDuringStatement(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	listener, notifier := rawConn(t, srv.Addr()), rawConn(t, srv.Addr())
 	channel := fmt.Sprintf("dlock_test_%d", time.Now().UnixNano())
@@ -871,7 +872,7 @@ func TestRunListeningHearsNotificationDuringStatement(t *testing.T) {
 // is reported as the lease's loss within a second; a waiting writer is then
 // granted.
 func TestRWLockTerminatedHolders(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	a := newLocker(t, srv.Addr(), nil)
@@ -922,7 +923,7 @@ func TestRWLockTerminatedHolders(t *testing.T) {
 // the waiters behind it are not stuck, the next becomes head and is granted
 // the permit released meanwhile.
 func TestSemaphoreBlackholedHead(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := proxied(t, srv.Addr())

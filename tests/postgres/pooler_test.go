@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net"
 	"sync"
 	"testing"
@@ -190,7 +191,7 @@ func pooledLocker(t testing.TB, addr string, opts *postgres.Options) *dlock.Lock
 // does), every acquisition is refused with ErrPooler before any lock is
 // taken, and a waiting Acquire does not retry.
 func TestPoolerRefused(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := newTxPooler(t, srv.Addr(), true)
@@ -215,7 +216,7 @@ func TestPoolerRefused(t *testing.T) {
 // is lost with ErrPooler, and the lock is gone from the server (its client
 // connection, and so its session, is closed).
 func TestPoolerFoundMidLease(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	for _, op := range []string{"Held", "Refresh", "Release"} {
@@ -250,7 +251,7 @@ func TestPoolerFoundMidLease(t *testing.T) {
 // is still found out: whichever backend a statement lands on, the lock is
 // either refused at once or lost at the lease's next statement.
 func TestPoolerPassingKeyThrough(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	p := newTxPooler(t, srv.Addr(), false)

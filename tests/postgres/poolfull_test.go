@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"crypto/rand"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ import (
 // room again.
 func TestPoolExhaustedFailsFast(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	l, err := dlock.Open(ctx, dsn(addr)+"&pool_max_conns=2")
 	if err != nil {
 		t.Fatal(err)

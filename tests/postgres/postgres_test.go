@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/dlock/dlock/internal/testexport/postgresexport"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,7 +14,9 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/dlocktest"
+	"github.com/dlock/dlock/internal/testexport/postgresexport"
 	"github.com/dlock/dlock/postgres"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -102,12 +103,6 @@ func lockEntries(ctx context.Context, c *pgx.Conn, name string) ([]string, error
 		left = append(left, fmt.Sprintf("pid %d %s", pid, what))
 	}
 	return left, rows.Err()
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // newLocker returns a Locker on addr with its own pool, closed at cleanup.
@@ -269,7 +264,7 @@ func itoa(n int32) string { return fmt.Sprint(n) }
 // once they stop; on a terminated session it fails and closes the
 // connection.
 func TestKeepAlive(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	c := rawConn(t, srv.Addr())
 	if _, err := c.Exec(ctx, "SET idle_session_timeout = 1000"); err != nil {
@@ -298,7 +293,7 @@ func TestKeepAlive(t *testing.T) {
 // session that does not hold the lock it answers false; an exchange cut
 // short by its ctx, or by the session's end, closes the connection.
 func TestFastUnlock(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	var oid uint32

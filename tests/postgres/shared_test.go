@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +33,7 @@ func openShared(t *testing.T, ctx context.Context, addr, params string) *dlock.L
 // the loss promptly, while every other lease is still held and refreshed.
 func TestSharedSessionEndLosesExactlyItsLeases(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	l := openShared(t, ctx, addr, "")
 	prefix := "shared-end-" + rand.Text()[:8] + "-"
 	const n = 40
@@ -128,7 +129,7 @@ func TestSharedSessionEndLosesExactlyItsLeases(t *testing.T) {
 // and succeeds once the first wait is over and its lease released.
 func TestSharedWaitConnsBounded(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	a := openShared(t, ctx, addr, "")
 	b := openShared(t, ctx, addr, "&wait_conns=1")
 	prefix := "shared-waits-" + rand.Text()[:8] + "-"
@@ -189,7 +190,7 @@ func TestSharedWaitConnsBounded(t *testing.T) {
 // 500 leases of one TTL on at most shared_conns (4) backends.
 func TestSharedSessionsFewConnections(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	l := openShared(t, ctx, addr, "")
 	prefix := "shared-few-" + rand.Text()[:8] + "-"
 	const n = 500
@@ -241,7 +242,7 @@ func TestSharedSessionsFewConnections(t *testing.T) {
 // is released, and is then granted.
 func TestSharedSameNameTwice(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	l := openShared(t, ctx, addr, "")
 	name := "shared-twice-" + rand.Text()[:8]
 	first, err := l.TryAcquire(ctx, name, nil)
@@ -277,7 +278,7 @@ func TestSharedSameNameTwice(t *testing.T) {
 // TTL of the acquisition would free it about 5s late.
 func TestSharedUnrefreshedLeaseExpires(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	l := openShared(t, ctx, addr, "&shared_conns=1")
 	prefix := "shared-unrefreshed-" + rand.Text()[:8] + "-"
 	keeper, err := l.TryAcquire(ctx, prefix+"keeper", &dlock.Options{TTL: 6 * time.Second})
@@ -320,7 +321,7 @@ func TestSharedUnrefreshedLeaseExpires(t *testing.T) {
 // meanwhile, and a permit's release makes room again.
 func TestSharedPermitsBoundedByPool(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	l := openShared(t, ctx, addr, "&pool_max_conns=8")
 	prefix := "shared-permits-" + rand.Text()[:8] + "-"
 	lock, err := l.TryAcquire(ctx, prefix+"lock", nil) // the shared session
@@ -376,7 +377,7 @@ func TestSharedPermitsBoundedByPool(t *testing.T) {
 // granted in turn.
 func TestSharedBusyNameWaitsAtOnce(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	l := openShared(t, ctx, addr, "&shared_conns=1")
 	prefix := "shared-busy-" + rand.Text()[:8] + "-"
 	other, err := l.TryAcquire(ctx, prefix+"other", &dlock.Options{NoRefresh: true}) // the shared session

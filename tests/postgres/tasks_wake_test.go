@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,7 +67,7 @@ func firstNotification(t *testing.T, c *pgx.Conn) string {
 // in commit order, so a marker sent after the Enqueue tells whether it
 // notified.
 func TestEnqueueNotifiesOnlyRegisteredListeners(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	q := newTaskQueue(t, pool, table, uniqueName(t))
@@ -109,7 +110,7 @@ func TestEnqueueNotifiesOnlyRegisteredListeners(t *testing.T) {
 // promptly once that transaction rolls back (without the barrier it would
 // sleep until queue's longest wait, 5s, past its 3s ctx).
 func TestWakeupBarrier(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	name := uniqueName(t)
@@ -197,7 +198,7 @@ func awaitRow(t *testing.T, c *pgx.Conn, what, query string, args ...any) {
 // wakes on its timer to the due time (and its last sleep in the kernel,
 // tasks_due.go): the bound then counts from the due time.
 func TestNoMissedWakeups(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	const pairs, rounds = 4, 60
@@ -281,7 +282,7 @@ func TestNoMissedWakeups(t *testing.T) {
 // blocked in another Client (registered as a listener), well before
 // queue's longest wait (5s): they notify as Enqueue does.
 func TestNackAndRequeueWake(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	name := uniqueName(t)
@@ -357,7 +358,7 @@ func TestNackAndRequeueWake(t *testing.T) {
 // drops the waiters key with its UNLISTEN and goes back to the pool, its
 // session alive: enqueues stop notifying, and no connection is lost.
 func TestListenerDropsWaitersKey(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	table, pool := wakeTable(t, srv.Addr())
 	q := newTaskQueue(t, pool, table, uniqueName(t))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net/url"
 	"slices"
 	"strings"
@@ -90,7 +91,7 @@ func TestSchemesRegistered(t *testing.T) {
 }
 
 func TestOpen(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	l, err := dlock.Open(ctx, dsn(srv.Addr())+"&ttl=5s&prefix=opened/&application_name=dlock-open-test")
@@ -141,7 +142,7 @@ func TestOpen(t *testing.T) {
 }
 
 func TestOpenFails(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	for _, tc := range []struct{ what, url string }{
 		{"wrong password", "postgres://postgres:wr0ngpass@" + srv.Addr() + "/postgres?sslmode=disable"},
@@ -184,7 +185,7 @@ func appPool(t *testing.T, addr, params string, maxConns int32) *pgxpool.Pool {
 // has at the TTL and off), whether it waited, tried, or found the lock busy.
 // Closing the Locker leaves the pool open.
 func TestApplicationPool(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "&idle_session_timeout=77000", 2)
 	l, err := postgres.New(pool, nil)
@@ -245,7 +246,7 @@ func TestApplicationPool(t *testing.T) {
 // session; within 1s the connection is back in the pool with the
 // application's settings. A shorter TTL gives the connection back at once.
 func TestParkedConnection(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "&idle_session_timeout=77000", 4) // parks one
 	l, err := postgres.New(pool, nil)
@@ -319,7 +320,7 @@ func TestParkedConnection(t *testing.T) {
 // pool (closed, when the session ended or is in doubt): expiry, termination,
 // a cancelled wait, the Locker's Close.
 func TestConnectionsReturned(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	raw := rawConn(t, srv.Addr())
 	pool := appPool(t, srv.Addr(), "", 4)
@@ -392,7 +393,7 @@ func TestConnectionsReturned(t *testing.T) {
 // (The test's own queries use the simple protocol: pgx's statement cache does
 // not survive the drop.)
 func TestPreparedStatementsDropped(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "", 1)
 	l, err := postgres.New(pool, nil)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/dlock/dlock/internal/testexport/redisexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,8 +52,8 @@ func TestBatchedRefreshOnServer(t *testing.T) {
 	}
 	keyPrefix := testPrefix(t, raw)
 	l := newLocker(t, newClient(t, redisAddr(t), counter), &redis.Options{KeyPrefix: keyPrefix})
-	ctx := testCtx(t)
-	prefix := "batch-" + randomHex(4) + "-"
+	ctx := testutil.Ctx(t)
+	prefix := "batch-" + testutil.RandomHex(4) + "-"
 	const n = 300
 	leases := make([]*dlock.Lease, n)
 	for i := range leases {

@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"github.com/dlock/dlock/internal/testexport/redisexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"math/rand/v2"
 	"runtime/metrics"
 	"runtime/pprof"
@@ -69,7 +70,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := context.Background()
 			c := benchClient(b)
-			prefix := "dlockbench:" + randomHex(4) + ":"
+			prefix := "dlockbench:" + testutil.RandomHex(4) + ":"
 			l, err := redis.New(c, &redis.Options{KeyPrefix: prefix, Compat: bc.compat})
 			if err != nil {
 				b.Fatal(err)
@@ -108,7 +109,7 @@ func BenchmarkRawFloor(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
 			c := benchClient(b)
-			prefix := "dlockbench:" + randomHex(4) + ":"
+			prefix := "dlockbench:" + testutil.RandomHex(4) + ":"
 			defer cleanupPrefix(c, prefix)
 			lat := make(latencies, 0, b.N)
 			b.ReportAllocs()
@@ -140,7 +141,7 @@ func rawCycle(b *testing.B, ctx context.Context, c *goredis.Client, key string) 
 func BenchmarkRatio(b *testing.B) {
 	ctx := context.Background()
 	c := benchClient(b)
-	prefix := "dlockbench:" + randomHex(4) + ":"
+	prefix := "dlockbench:" + testutil.RandomHex(4) + ":"
 	l, err := redis.New(c, &redis.Options{KeyPrefix: prefix})
 	if err != nil {
 		b.Fatal(err)
@@ -205,7 +206,7 @@ func cleanupPrefix(c *goredis.Client, prefix string) {
 func BenchmarkPeers(b *testing.B) {
 	ctx := context.Background()
 	addr := redisAddr(b)
-	prefix := "dlockbench:" + randomHex(4) + ":"
+	prefix := "dlockbench:" + testutil.RandomHex(4) + ":"
 	dc, wc, rc, sc := benchClientAt(b, addr), benchClientAt(b, addr), benchClientAt(b, addr), benchClientAt(b, addr)
 	var inProcess time.Duration // of the cycle running
 	for _, c := range []*goredis.Client{dc, wc, rc, sc} {

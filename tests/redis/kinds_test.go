@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,7 +19,7 @@ import (
 // residue at cleanup, and a Locker under that prefix.
 func kindsSetup(t *testing.T) (context.Context, *goredis.Client, string, *dlock.Locker) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, redisAddr(t))
 	p := testPrefix(t, raw)
 	return ctx, raw, p, newLocker(t, newClient(t, redisAddr(t)), &redis.Options{KeyPrefix: p})

@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"bytes"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"log/slog"
 	"slices"
 	"strings"
@@ -40,7 +41,7 @@ func TestObserverRefreshFailuresAndLoss(t *testing.T) {
 		defer mu.Unlock()
 		kinds = append(kinds, ev.Kind)
 	}})
-	name := "observe-" + randomHex(4)
+	name := "observe-" + testutil.RandomHex(4)
 	// The TTL leaves a refresh, which the client retries on new
 	// connections that the resets cut too, time to fail before ValidUntil
 	// on a loaded machine (with 1s, its retries outlasted the lease, which

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"slices"
 	"strings"
 	"testing"
@@ -63,7 +64,7 @@ func TestCapabilitiesFIFO(t *testing.T) {
 // grant. Fences strictly increase through the handoffs, and the queue keys
 // vanish once the queue is empty.
 func TestFIFOHandoff(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -138,7 +139,7 @@ func TestFIFOHandoff(t *testing.T) {
 // it while it was giving up is passed on to the next waiter at once rather
 // than sitting idle for its TTL.
 func TestCancelledWaiterPassesGrantOn(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -211,7 +212,7 @@ func TestCancelledWaiterPassesGrantOn(t *testing.T) {
 // waiter takes over when that expires. The queue keys expire with their
 // entries.
 func TestDeadWaiterSkipped(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -287,7 +288,7 @@ func TestDeadWaiterSkipped(t *testing.T) {
 // because its holder expired while a live waiter is queued: it hands it to
 // that waiter and reports busy.
 func TestTryAcquireNoBarging(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -338,7 +339,7 @@ func TestTryAcquireNoBarging(t *testing.T) {
 // after the handoff) finds it held for its token when it looks again, with
 // the fence of that handoff.
 func TestHandoffFoundWithoutMessage(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -379,7 +380,7 @@ func TestHandoffFoundWithoutMessage(t *testing.T) {
 // a pattern subscriber sees exactly one grant message per handoff, then a
 // marker published after the release returned.
 func TestGrantReachesOnlyTheGrantee(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)

@@ -2,7 +2,6 @@ package redis_test
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
@@ -21,6 +20,7 @@ import (
 	"github.com/dlock/dlock/dlocktest"
 	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/redis"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"github.com/go-redsync/redsync/v4"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	goredis "github.com/redis/go-redis/v9"
@@ -45,19 +45,13 @@ func newClient(t testing.TB, addr string, hooks ...goredis.Hook) *goredis.Client
 	return c
 }
 
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // testPrefix returns a key prefix unique to t and, at cleanup (after the
 // lockers registered later are closed), fails the test if anything but the
 // fencing counters the default layout keeps by design is left under it, then
 // deletes what is there.
 func testPrefix(t *testing.T, raw *goredis.Client) string {
 	t.Helper()
-	p := "dlocktest:" + randomHex(4) + ":"
+	p := "dlocktest:" + testutil.RandomHex(4) + ":"
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -108,12 +102,6 @@ func newLocker(t testing.TB, client goredis.UniversalClient, opts *redis.Options
 		}
 	})
 	return l
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // attempts counts acquisition attempts on one lock key seen by a client:
@@ -217,7 +205,7 @@ func acquireAsync(ctx context.Context, l *dlock.Locker, name string, o *dlock.Op
 // expiry, a fencing counter P{N}:fence, no release message on P{N}:released
 // when nobody is queued; after release only the counter is left.
 func TestLayout(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, redisAddr(t))
 	p := testPrefix(t, raw)
 	l := newLocker(t, newClient(t, redisAddr(t)), &redis.Options{KeyPrefix: p})
@@ -275,7 +263,7 @@ func TestLayout(t *testing.T) {
 // The compat layout: the key is exactly prefix+name (prefix "" by default),
 // holding the token; no fencing counter; Fencing is not declared.
 func TestLayoutCompat(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, redisAddr(t))
 	p := testPrefix(t, raw)
 	for _, tc := range []struct {
@@ -315,7 +303,7 @@ func TestLayoutCompat(t *testing.T) {
 // Fencing tokens strictly increase across release and across a takeover
 // after the holder's lock expired, for holders on different Lockers.
 func TestFenceIncreases(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, redisAddr(t))
 	p := testPrefix(t, raw)
 	opts := &redis.Options{KeyPrefix: p}
@@ -356,7 +344,7 @@ func TestFenceIncreases(t *testing.T) {
 // nothing once the key is gone or belongs to someone else, Refresh never
 // re-creates the key, and Held reads the token.
 func TestTokenCompared(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, redisAddr(t))
 	p := testPrefix(t, raw)
 	l := newLocker(t, newClient(t, redisAddr(t)), &redis.Options{KeyPrefix: p})
@@ -398,7 +386,7 @@ func TestTokenCompared(t *testing.T) {
 // as held, with no remaining-time hint; a TTL below a millisecond step is
 // rounded up, never down.
 func TestBusyHints(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, redisAddr(t))
 	p := testPrefix(t, raw)
 	for _, compat := range []bool{false, true} {
@@ -440,7 +428,7 @@ func TestBusyHints(t *testing.T) {
 // dlock in compat mode, redsync and redislock exclude each other on the same
 // name, in both directions, and a release by either side lets the other in.
 func TestCompatInterop(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, redisAddr(t))
 	p := testPrefix(t, raw)
 	l := newLocker(t, newClient(t, redisAddr(t)), &redis.Options{KeyPrefix: p, Compat: true})
@@ -482,7 +470,7 @@ func TestCompatInterop(t *testing.T) {
 	}
 	for lib, mk := range libs {
 		t.Run(lib, func(t *testing.T) {
-			name := lib + "-" + randomHex(3)
+			name := lib + "-" + testutil.RandomHex(3)
 			key := p + name
 			f := mk()
 
@@ -525,7 +513,7 @@ func TestCompatInterop(t *testing.T) {
 // granted once the holder's remaining TTL (read at its failed attempt) has
 // passed: a few attempts, no fixed-interval polling.
 func TestCompatWaiterBehindForeignLock(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -559,7 +547,7 @@ func TestCompatWaiterBehindForeignLock(t *testing.T) {
 // although the holder had 10s left: notified waiting, not polling; it made
 // only a couple of attempts.
 func TestNotifiedOnRelease(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -599,7 +587,7 @@ func TestNotifiedOnRelease(t *testing.T) {
 // A waiter on a lock whose holder expires without releasing is granted
 // right after the expiry (within 150ms), after at most 3 attempts.
 func TestGrantedAtExpiry(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -638,7 +626,7 @@ func TestGrantedAtExpiry(t *testing.T) {
 // Waiters of one Locker share one subscription per name, which is dropped
 // when the last of them stops waiting.
 func TestSharedSubscription(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -678,7 +666,7 @@ func TestSharedSubscription(t *testing.T) {
 func TestNotifiedAfterReset(t *testing.T) {
 	for _, early := range []bool{true, false} {
 		t.Run(fmt.Sprintf("release before resubscription=%v", early), func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := testutil.Ctx(t)
 			addr := redisAddr(t)
 			raw := newClient(t, addr)
 			p := testPrefix(t, raw)
@@ -730,7 +718,7 @@ func TestNotifiedAfterReset(t *testing.T) {
 // waiter, woken, is granted within a fraction of a second rather than at the
 // holder's TTL.
 func TestNotifiedAfterPartition(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -791,7 +779,7 @@ func pubsubClients(t *testing.T, raw *goredis.Client) []string {
 
 // Every call honours its ctx when the network path is black-holed.
 func TestBlackholedCallsEndWithCtx(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -841,7 +829,7 @@ func waitGone(t *testing.T, raw *goredis.Client, key string) {
 
 // New wraps the application's client: closing the Locker leaves it open.
 func TestCloseKeepsClient(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newClient(t, redisAddr(t))
 	l, err := redis.New(c, nil)
 	if err != nil {
@@ -866,7 +854,7 @@ const secret = "s3cr3t-Pw0rd"
 // Bad URLs fail with ErrInvalid before any I/O (the host is a closed port),
 // and no error repeats the password.
 func TestOpenInvalidURL(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	dir := t.TempDir()
 	garbage := dir + "/garbage.pem"
 	if err := os.WriteFile(garbage, []byte("not a certificate"), 0o600); err != nil {
@@ -939,7 +927,7 @@ func TestOpenHostList(t *testing.T) {
 // Open reports an unreachable server, and a server that never answers
 // within ctx, without the password and without ErrInvalid.
 func TestOpenUnreachable(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
 	if err != nil {
 		t.Fatal(err)
@@ -988,11 +976,11 @@ func TestOpenUnreachable(t *testing.T) {
 // Open works with URL options, and with an ACL user and password; a wrong
 // password fails without being echoed.
 func TestOpenACLUser(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
-	user, pass := "dlocktest-"+randomHex(4), secret+randomHex(4)
+	user, pass := "dlocktest-"+testutil.RandomHex(4), secret+testutil.RandomHex(4)
 	if err := raw.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "~"+p+"*", "&"+p+"*", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -1039,11 +1027,11 @@ func TestOpenACLUser(t *testing.T) {
 // take and release locks (the release script's PUBLISH fails quietly); its
 // waiters cannot subscribe and fall back to polling, and still get the lock.
 func TestACLUserWithoutChannels(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
-	user, pass := "dlocktest-"+randomHex(4), secret+randomHex(4)
+	user, pass := "dlocktest-"+testutil.RandomHex(4), secret+testutil.RandomHex(4)
 	if err := raw.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "~"+p+"*", "resetchannels", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -1077,7 +1065,7 @@ func TestACLUserWithoutChannels(t *testing.T) {
 
 // Open's compat parameter selects the compat layout.
 func TestOpenCompat(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)

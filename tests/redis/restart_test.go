@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"testing"
 	"time"
 
@@ -45,7 +46,7 @@ func restartForgetting(t *testing.T, ctx context.Context, srv *dlocktest.Server,
 // version started at 1) keeps counting from its value.
 func TestFenceAfterRestart(t *testing.T) {
 	srv := dlocktest.RequireNew(t, dlocktest.Redis)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	raw := newClient(t, srv.Addr())
 	p := testPrefix(t, raw)
 	l := newLocker(t, newClient(t, srv.Addr()), &redis.Options{KeyPrefix: p})
@@ -102,7 +103,7 @@ func TestFenceAfterRestart(t *testing.T) {
 // a handoff that finds the counter missing.)
 func TestFenceAfterRestartQueued(t *testing.T) {
 	srv := dlocktest.RequireNew(t, dlocktest.Redis)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := srv.Addr()
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)
@@ -199,7 +200,7 @@ func TestFenceAfterCounterLost(t *testing.T) {
 		{"expiry takeover", 200 * time.Millisecond, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := testutil.Ctx(t)
 			addr := redisAddr(t)
 			raw := newClient(t, addr)
 			p := testPrefix(t, raw)

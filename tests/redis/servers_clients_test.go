@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net"
 	"sync"
 	"testing"
@@ -127,7 +128,7 @@ func TestClusterClientConformance(t *testing.T) {
 // (by its grant message), not at its poll interval.
 func TestClusterClientHandoffAcrossNodes(t *testing.T) {
 	cl := dlocktest.RequireRedisCluster(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	newCluster := func() *goredis.ClusterClient {
 		c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = c.Close() })
@@ -233,7 +234,7 @@ func TestFailoverClientConformance(t *testing.T) {
 // the fence keeps increasing.
 func TestFailoverClientFailover(t *testing.T) {
 	rs := dlocktest.RequireRedisSentinel(t)
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	newFailover := func() *goredis.Client {
 		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
 			MasterName: dlocktest.MasterName, SentinelAddrs: []string{rs.Sentinel.Addr()},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net/url"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func TestTLSParams(t *testing.T) {
 // certificate, and fails without the certificate, with another CA, or with
 // a server name the certificate does not carry.
 func TestOpenTLS(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	addr := redisAddr(t)
 	raw := newClient(t, addr)
 	p := testPrefix(t, raw)

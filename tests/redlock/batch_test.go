@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/dlock/dlock/internal/testexport/redlockexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,9 +49,9 @@ func TestBatchedRefresh(t *testing.T) {
 	counter := &scriptCounter{}
 	cs := c.clients(t)
 	cs[0].AddHook(counter) // node 0's calls stand for every node's
-	prefix := "batch-" + randomHex(4) + ":"
+	prefix := "batch-" + testutil.RandomHex(4) + ":"
 	l := newLocker(t, cs, &redlock.Options{KeyPrefix: prefix})
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	const n = 300
 	leases := make([]*dlock.Lease, n)
 	for i := range leases {

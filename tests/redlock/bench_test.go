@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"math/rand/v2"
 	"runtime/pprof"
 	"slices"
@@ -124,7 +125,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	for _, compat := range []bool{false, true} {
 		b.Run("compat="+strconv.FormatBool(compat), func(b *testing.B) {
 			ctx := context.Background()
-			l := newLocker(b, benchClients(b), &redlock.Options{Compat: compat, KeyPrefix: "dlockbench:" + randomHex(4) + ":"})
+			l := newLocker(b, benchClients(b), &redlock.Options{Compat: compat, KeyPrefix: "dlockbench:" + testutil.RandomHex(4) + ":"})
 			lat := make([]time.Duration, 0, b.N)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -146,7 +147,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 func BenchmarkRatio(b *testing.B) {
 	ctx := context.Background()
 	cs := benchClients(b)
-	prefix := "dlockbench:" + randomHex(4) + ":"
+	prefix := "dlockbench:" + testutil.RandomHex(4) + ":"
 	rl := newLocker(b, cs, &redlock.Options{KeyPrefix: prefix})
 	rd, err := redis.New(cs[0], &redis.Options{KeyPrefix: prefix + "single:"})
 	if err != nil {
@@ -202,7 +203,7 @@ func BenchmarkRatio(b *testing.B) {
 func BenchmarkPeers(b *testing.B) {
 	ctx := context.Background()
 	cs := benchClients(b)
-	prefix := "dlockbench:" + randomHex(4) + ":"
+	prefix := "dlockbench:" + testutil.RandomHex(4) + ":"
 	l := newLocker(b, cs, &redlock.Options{KeyPrefix: prefix})
 	pools := make([]redsyncredis.Pool, len(cs))
 	for i, c := range cs {

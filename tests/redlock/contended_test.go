@@ -2,6 +2,7 @@ package redlock_test
 
 import (
 	"context"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,7 +55,7 @@ func contend(n int, cycle func(w int) bool) (time.Duration, []int) {
 //	DLOCK_REQUIRE_BACKENDS=1 go test -run '^$' -bench Contended -benchtime 2000x ./redlock/
 func BenchmarkContended(b *testing.B) {
 	ctx := context.Background()
-	prefix := "dlockbench:" + randomHex(4) + ":"
+	prefix := "dlockbench:" + testutil.RandomHex(4) + ":"
 	lockers := make([]*dlock.Locker, contendedWorkers)
 	mutexes := make([]*redsync.Mutex, contendedWorkers)
 	for w := range contendedWorkers {
@@ -173,7 +174,7 @@ func fairness(counts []int) float64 {
 // the p50 of t1-t0.
 func BenchmarkHandoff(b *testing.B) {
 	ctx := context.Background()
-	prefix := "dlockbench:" + randomHex(4) + ":"
+	prefix := "dlockbench:" + testutil.RandomHex(4) + ":"
 	holder := newLocker(b, benchClients(b), &redlock.Options{KeyPrefix: prefix})
 	waiter := newLocker(b, benchClients(b), &redlock.Options{KeyPrefix: prefix})
 	type result struct {

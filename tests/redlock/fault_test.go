@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"slices"
 	"strconv"
 	"strings"
@@ -141,10 +142,10 @@ func TestMinorityDown(t *testing.T) {
 				when = "while holding"
 			}
 			t.Run(f.name+" "+when, func(t *testing.T) {
-				ctx := testCtx(t)
+				ctx := testutil.Ctx(t)
 				l := newLocker(t, c.clients(t), opts)
 				contender := newLocker(t, c.clients(t), opts)
-				name := "minority-" + randomHex(4)
+				name := "minority-" + testutil.RandomHex(4)
 				key := lockKey(name)
 				// Warm both lockers up: connections and scripts. That is
 				// what a first request pays (a dial through the engine's
@@ -248,11 +249,11 @@ func TestMinorityDown(t *testing.T) {
 // for the third live node, and the lease's validity is shortened by the time
 // that took (it counts from before the first request was sent).
 func TestSlowNodeShortensValidity(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
 	clients, ps := c.proxied(t)
 	l := newLocker(t, clients, &redlock.Options{NodeTimeout: time.Second})
-	name := "slow-" + randomHex(4)
+	name := "slow-" + testutil.RandomHex(4)
 	warm, err := l.TryAcquire(ctx, name+"-warm", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -292,7 +293,7 @@ func TestSlowNodeShortensValidity(t *testing.T) {
 // lock: a TryAcquire must not read as "held", an Acquire keeps trying),
 // and its nodes are given back.
 func TestLateMajorityIsGrantExpired(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
 	clients, ps := c.proxied(t)
 	// A drift of all but 100µs of the TTL leaves a validity that no round
@@ -300,7 +301,7 @@ func TestLateMajorityIsGrantExpired(t *testing.T) {
 	// long, so that a node's lock that is gone was given back, not expired.
 	const ttl = 10 * time.Second
 	l := newLocker(t, clients, &redlock.Options{NodeTimeout: time.Second, Drift: ttl - 100*time.Microsecond})
-	name := "late-" + randomHex(4)
+	name := "late-" + testutil.RandomHex(4)
 	for _, p := range ps {
 		p.SetLatency(2 * time.Millisecond)
 	}
@@ -326,10 +327,10 @@ func TestMajorityDown(t *testing.T) {
 	survivors := []int{0, 1}
 	for _, f := range []fault{pause, kill} {
 		t.Run(f.name, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := testutil.Ctx(t)
 			opts := &redlock.Options{NodeTimeout: nodeTimeout, Defaults: dlock.Options{TTL: faultTTL}}
 			l := newLocker(t, c.clients(t), opts)
-			name := "majority-" + randomHex(4)
+			name := "majority-" + testutil.RandomHex(4)
 			held, err := l.TryAcquire(ctx, name+"-held", nil)
 			if err != nil {
 				t.Fatal(err)
@@ -401,7 +402,7 @@ func TestMajorityDown(t *testing.T) {
 // two valid leases at once, fencing tokens in grant order, and every locker
 // eventually gets its turns.
 func TestSplitVote(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
 	const lockers, rounds = 5, 6
 	const far = 20 * time.Millisecond
@@ -424,7 +425,7 @@ func TestSplitVote(t *testing.T) {
 		}
 		all = append(all, ps)
 	}
-	name := "split-" + randomHex(4)
+	name := "split-" + testutil.RandomHex(4)
 
 	// One simultaneous round of single attempts: at most one winner.
 	var wg sync.WaitGroup
@@ -527,9 +528,9 @@ func TestSplitVote(t *testing.T) {
 // whose majority has only one node in common with it, still counts past it;
 // and nodes behind the token are raised to it.
 func TestFenceAcrossMajorities(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
-	name := "fence-" + randomHex(4)
+	name := "fence-" + testutil.RandomHex(4)
 	// Node 0's counter far ahead of everyone's: the first holder's token
 	// comes from it.
 	ahead := uint64(time.Now().Add(24 * time.Hour).UnixMicro())
@@ -606,7 +607,7 @@ func TestFenceAcrossMajorities(t *testing.T) {
 // its watch needs a majority of subscriptions, and the release is heard on
 // one of them.
 func TestNotifiedWithMinorityDown(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
 	// A long node timeout: a waiter that looked again too early, while the
 	// releases were still on their way to some nodes, would stall on the
@@ -614,7 +615,7 @@ func TestNotifiedWithMinorityDown(t *testing.T) {
 	opts := &redlock.Options{NodeTimeout: 2 * time.Second}
 	holder := newLocker(t, c.clients(t), opts)
 	waiter := newLocker(t, c.clients(t), opts)
-	name := "notified-" + randomHex(4)
+	name := "notified-" + testutil.RandomHex(4)
 	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -673,12 +674,12 @@ func queued(ctx context.Context, r *goredis.Client, name string) bool {
 // new connections and is woken: a release reaches it within a fraction of a
 // second, although the holder had 10s left.
 func TestNotifiedAfterReset(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 3, nil)
 	holder := newLocker(t, c.clients(t), nil)
 	clients, ps := c.proxied(t)
 	waiter := newLocker(t, clients, nil)
-	name := "reset-" + randomHex(4)
+	name := "reset-" + testutil.RandomHex(4)
 	subscribed := func() bool {
 		for _, r := range c.raws {
 			if !queued(ctx, r, name) {
@@ -798,7 +799,7 @@ func TestNewInvalid(t *testing.T) {
 // Every call honours its ctx when the locker's paths to all nodes are
 // black-holed, even with a node timeout longer than the ctx.
 func TestBlackholedCallsEndWithCtx(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 3, nil)
 	clients, ps := c.proxied(t)
 	l := newLocker(t, clients, &redlock.Options{NodeTimeout: 2 * time.Second})

@@ -2,6 +2,7 @@ package redlock_test
 
 import (
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"testing"
 	"time"
 
@@ -32,9 +33,9 @@ func TestRedsyncInterop(t *testing.T) {
 		{"default", nil, lockKey},
 	} {
 		t.Run(tc.layout, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := testutil.Ctx(t)
 			l := newLocker(t, c.clients(t), tc.opts)
-			name := "interop-" + randomHex(4)
+			name := "interop-" + testutil.RandomHex(4)
 			m := rs.NewMutex(tc.mutex(name), redsync.WithExpiry(5*time.Second), redsync.WithTries(1))
 
 			// dlock holds: redsync is refused, then gets it after the release.

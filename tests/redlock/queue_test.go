@@ -2,6 +2,7 @@ package redlock_test
 
 import (
 	"context"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,10 +67,10 @@ func holdEverywhere(ctx context.Context, t *testing.T, c *cluster, holder *dlock
 // them, and each grant's fencing token is above the last); and no queue or
 // lock is left once all have released.
 func TestQueueOrder(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
 	holder := newLocker(t, c.clients(t), nil)
-	name := "queue-" + randomHex(4)
+	name := "queue-" + testutil.RandomHex(4)
 	ls := holdEverywhere(ctx, t, c, holder, name)
 	const waiters = 3
 	granted := make(chan int, waiters)
@@ -166,11 +167,11 @@ func TestQueueOrder(t *testing.T) {
 // waiting) is skipped: the lock is never set to its hand-off token, and the
 // release goes to the next waiter at once, not after the waiter's fallback.
 func TestQueueDeadTicket(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 3, nil)
 	holder := newLocker(t, c.clients(t), nil)
 	waiter := newLocker(t, c.clients(t), nil)
-	name := "dead-" + randomHex(4)
+	name := "dead-" + testutil.RandomHex(4)
 	ls := holdEverywhere(ctx, t, c, holder, name)
 	// A dead process's ticket, first in the queue on every node.
 	const deadToken = "0123456789abcdef0123456789abcdef"
@@ -231,12 +232,12 @@ func TestQueueDeadTicket(t *testing.T) {
 // left wait's hand-off token) and handed to the next waiter at once, not
 // after the next waiter's fallback.
 func TestQueuePassOn(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 3, nil)
 	holder := newLocker(t, c.clients(t), nil)
 	left := newLocker(t, c.clients(t), nil)
 	waiter := newLocker(t, c.clients(t), nil)
-	name := "passon-" + randomHex(4)
+	name := "passon-" + testutil.RandomHex(4)
 	queue := lockKey(name) + ":waiters"
 	ls := holdEverywhere(ctx, t, c, holder, name)
 	lctx, cancel := context.WithCancel(ctx)
@@ -336,13 +337,13 @@ func TestQueuePassOn(t *testing.T) {
 // validity counts from the refresh. Both cases: a release as soon as the
 // waiter is queued, and one half a TTL after it began to wait.
 func TestQueueHandoffValidity(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 3, nil)
 	holder := newLocker(t, c.clients(t), nil)
 	waiter := newLocker(t, c.clients(t), nil)
 	const ttl = 2 * time.Second
 	for _, hold := range []time.Duration{0, ttl / 2} {
-		name := "validity-" + randomHex(4)
+		name := "validity-" + testutil.RandomHex(4)
 		ls := holdEverywhere(ctx, t, c, holder, name)
 		type result struct {
 			ls    *dlock.Lease

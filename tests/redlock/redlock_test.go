@@ -2,8 +2,6 @@ package redlock_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
 	"strconv"
@@ -194,16 +192,4 @@ func newLocker(t testing.TB, clients []goredis.UniversalClient, opts *redlock.Op
 		}
 	})
 	return l
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

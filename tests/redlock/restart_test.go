@@ -2,6 +2,7 @@ package redlock_test
 
 import (
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"testing"
 	"time"
 
@@ -15,13 +16,13 @@ import (
 // every node.
 func restartSetup(t *testing.T, c *cluster, ttl time.Duration) (a, b *dlock.Locker, pa proxies, la *dlock.Lease) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	ca, pa := c.proxied(t)
 	a = newLocker(t, ca, &redlock.Options{NodeTimeout: 200 * time.Millisecond})
 	b = newLocker(t, c.clients(t), &redlock.Options{NodeTimeout: 200 * time.Millisecond})
 	pa[3].Blackhole()
 	pa[4].Blackhole()
-	la, err := a.TryAcquire(ctx, "restart-"+randomHex(4), &dlock.Options{TTL: ttl})
+	la, err := a.TryAcquire(ctx, "restart-"+testutil.RandomHex(4), &dlock.Options{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func restartSetup(t *testing.T, c *cluster, ttl time.Duration) (a, b *dlock.Lock
 // that no longer holds its token: a refresh that cannot reach one reports
 // ErrNoQuorum and the lease stays valid until ValidUntil.
 func TestRestartWithoutPersistence(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
 	_, b, pa, la := restartSetup(t, c, 10*time.Second)
 	if err := c.srvs[2].Restart(ctx); err != nil {
@@ -99,7 +100,7 @@ func TestRestartWithoutPersistence(t *testing.T) {
 // can vote again; the contender is granted only after the holder's
 // ValidUntil, and its fencing token is higher.
 func TestDelayedRestart(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
 	const ttl = time.Second
 	_, b, _, la := restartSetup(t, c, ttl)
@@ -143,7 +144,7 @@ func TestDelayedRestart(t *testing.T) {
 // With persistence (AOF, fsync on every write) a node restarted at once
 // keeps the lock and its counter: the contender is refused.
 func TestRestartWithPersistence(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, &dlocktest.StartOptions{Cmd: []string{"--appendonly", "yes", "--appendfsync", "always"}})
 	_, b, _, la := restartSetup(t, c, 10*time.Second)
 	if err := c.srvs[2].Restart(ctx); err != nil {

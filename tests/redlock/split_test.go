@@ -2,6 +2,7 @@ package redlock_test
 
 import (
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,7 +20,7 @@ import (
 // has exactly one winner, where before every contender gave up. The others
 // are refused with a BusyError, and no lock of theirs is left on a node.
 func TestSplitVoteLed(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
 	const lockers, rounds = 5, 5
 	const far = 20 * time.Millisecond
@@ -40,7 +41,7 @@ func TestSplitVoteLed(t *testing.T) {
 			}
 		}
 	}
-	name := "led-" + randomHex(4)
+	name := "led-" + testutil.RandomHex(4)
 	var last uint64
 	for r := range rounds {
 		var wg sync.WaitGroup

@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -144,7 +145,7 @@ func writePKI(t *testing.T) (ca, cert, key string) {
 // Bad URLs fail with ErrInvalid before any I/O (the hosts are closed
 // ports), and no error repeats the password.
 func TestOpenInvalidURL(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	dir := t.TempDir()
 	garbage := filepath.Join(dir, "garbage.pem")
 	if err := os.WriteFile(garbage, []byte("not a certificate"), 0o600); err != nil {
@@ -200,9 +201,9 @@ func TestOpenInvalidURL(t *testing.T) {
 // with a minority of nodes unreachable, and fails, without the password,
 // when a majority is, or when the password is wrong.
 func TestOpen(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testutil.Ctx(t)
 	c := newCluster(t, 3, nil)
-	user, pass := "dlocktest-"+randomHex(4), secret+randomHex(4)
+	user, pass := "dlocktest-"+testutil.RandomHex(4), secret+testutil.RandomHex(4)
 	for _, r := range c.raws {
 		if err := r.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "~app:*", "&app:*", "+@all").Err(); err != nil {
 			t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -78,7 +79,7 @@ func (c *countingConn) Write(p []byte) (int, error) {
 // nodes' paths.
 func holdMany(t *testing.T, ctx context.Context, l *dlock.Locker, raw *zk.Conn, n int) ([]*dlock.Lease, []string) {
 	t.Helper()
-	prefix := "batch-" + randomHex(4) + "-"
+	prefix := "batch-" + testutil.RandomHex(4) + "-"
 	leases := make([]*dlock.Lease, n)
 	paths := make([]string, n)
 	for i := range leases {
@@ -264,7 +265,7 @@ func TestAcquisitionsGrouped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const n = 100
-	prefix := "grouped-" + randomHex(4) + "-"
+	prefix := "grouped-" + testutil.RandomHex(4) + "-"
 	name := func(i int) string { return fmt.Sprintf("%s%d", prefix, i) }
 	for i := range n {
 		ls, err := l.TryAcquire(ctx, name(i), nil)

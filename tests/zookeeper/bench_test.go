@@ -2,6 +2,7 @@ package zookeeper_test
 
 import (
 	"context"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"slices"
 	"testing"
 	"time"
@@ -28,8 +29,8 @@ func BenchmarkRatio(b *testing.B) {
 	ctx := context.Background()
 	l := connect(b, srv.Addr(), withTTL(10*time.Second))
 	conn := rawConn(b, srv.Addr(), 10*time.Second)
-	name := "bench-dlock-" + randomHex(4)
-	zpath := zookeeper.LockPath("", "bench-zklock-"+randomHex(4))
+	name := "bench-dlock-" + testutil.RandomHex(4)
+	zpath := zookeeper.LockPath("", "bench-zklock-"+testutil.RandomHex(4))
 	zl := zk.NewLock(conn, zpath, zk.WorldACL(zk.PermAll))
 	b.Cleanup(func() { _ = conn.Delete(zpath, -1) }) // zk.Lock makes it persistent
 	dlockCycle := func() {
@@ -96,7 +97,7 @@ func BenchmarkHandoff(b *testing.B) {
 	ctx := context.Background()
 	holder := connect(b, srv.Addr(), withTTL(10*time.Second))
 	waiter := connect(b, srv.Addr(), withTTL(10*time.Second))
-	name := "bench-handoff-" + randomHex(4)
+	name := "bench-handoff-" + testutil.RandomHex(4)
 	unc := make([]time.Duration, 0, b.N)
 	hand := make([]time.Duration, 0, b.N)
 	for i := -5; i < b.N; i++ { // 5 rounds of warm-up

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"github.com/dlock/dlock/internal/testexport/zookeeperexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net"
 	"slices"
 	"strconv"
@@ -27,7 +28,7 @@ func TestTTLNegotiation(t *testing.T) {
 	srv := zkServer(t)
 	ctx := context.Background()
 	l := connect(t, srv.Addr(), nil)
-	name := "ttl-" + randomHex(4)
+	name := "ttl-" + testutil.RandomHex(4)
 	ls, err := l.TryAcquire(ctx, name, &dlock.Options{TTL: 1234 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +59,7 @@ func TestRefreshMovesSession(t *testing.T) {
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
 	holder := connect(t, srv.Addr(), withTTL(time.Second))
 	waiter := connect(t, srv.Addr(), withTTL(time.Second))
-	name := "move-" + randomHex(4)
+	name := "move-" + testutil.RandomHex(4)
 	path := zookeeper.LockPath("", name)
 
 	ls, err := holder.Acquire(ctx, name, nil)
@@ -151,7 +152,7 @@ func TestWaiterNodeDeleted(t *testing.T) {
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
 	holder := connect(t, srv.Addr(), withTTL(2*time.Second))
 	waiter := connect(t, srv.Addr(), withTTL(2*time.Second))
-	name := "waiter-deleted-" + randomHex(4)
+	name := "waiter-deleted-" + testutil.RandomHex(4)
 	path := zookeeper.LockPath("", name)
 
 	ls, err := holder.Acquire(ctx, name, nil)
@@ -199,7 +200,7 @@ func TestContainersVanish(t *testing.T) {
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
 	var names []string
 	for range 5 {
-		n := "vanish-" + randomHex(4)
+		n := "vanish-" + testutil.RandomHex(4)
 		names = append(names, n)
 		ls, err := l.TryAcquire(ctx, n, nil)
 		if err != nil {
@@ -235,7 +236,7 @@ func TestIdleSessionsClose(t *testing.T) {
 	l := connect(t, srv.Addr(), nil)
 	var leases []*dlock.Lease
 	for _, ttl := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second} {
-		ls, err := l.TryAcquire(ctx, "idle-"+randomHex(4), &dlock.Options{TTL: ttl})
+		ls, err := l.TryAcquire(ctx, "idle-"+testutil.RandomHex(4), &dlock.Options{TTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -311,7 +312,7 @@ func TestNew(t *testing.T) {
 	}
 	defer l.Close(ctx)
 	other := connect(t, srv.Addr(), withTTL(time.Second))
-	name := "new-" + randomHex(4)
+	name := "new-" + testutil.RandomHex(4)
 
 	ls, err := l.Acquire(ctx, name, nil)
 	if err != nil {
@@ -378,7 +379,7 @@ func TestResetStorm(t *testing.T) {
 	ttl := 2 * time.Second
 	lockers := []*dlock.Locker{connect(t, p.Addr(), withTTL(ttl)), connect(t, srv.Addr(), withTTL(ttl))}
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "storm-" + randomHex(4)
+	name := "storm-" + testutil.RandomHex(4)
 
 	stop := make(chan struct{})
 	var resets sync.WaitGroup

@@ -3,6 +3,7 @@ package zookeeper_test
 import (
 	"context"
 	"encoding/binary"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net"
 	"slices"
 	"sync"
@@ -61,8 +62,8 @@ func BenchmarkHandoffPeer(b *testing.B) {
 		return c
 	}
 	zhc, zwc := zkConn(&zh), zkConn(&zw)
-	name := "bench-handoff-peer-" + randomHex(4)
-	zpath := zookeeper.LockPath("", "bench-handoff-zk-"+randomHex(4))
+	name := "bench-handoff-peer-" + testutil.RandomHex(4)
+	zpath := zookeeper.LockPath("", "bench-handoff-zk-"+testutil.RandomHex(4))
 	b.Cleanup(func() { _ = zhc.Delete(zpath, -1) })
 
 	dlockOnce := func() (time.Time, time.Time) {
@@ -283,8 +284,8 @@ func BenchmarkContendedPeer(b *testing.B) {
 		lockers[i] = connect(b, srv.Addr(), withTTL(ttl))
 		conns[i] = rawConn(b, srv.Addr(), ttl)
 	}
-	name := "bench-contended-" + randomHex(4)
-	zpath := zookeeper.LockPath("", "bench-contended-zk-"+randomHex(4))
+	name := "bench-contended-" + testutil.RandomHex(4)
+	zpath := zookeeper.LockPath("", "bench-contended-zk-"+testutil.RandomHex(4))
 	b.Cleanup(func() { _ = conns[0].Delete(zpath, -1) })
 	run := func(cycle func(i int) error) float64 {
 		var (

@@ -3,6 +3,7 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"testing"
 	"time"
 
@@ -28,7 +29,7 @@ func TestInteropZkLock(t *testing.T) {
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
 	raw2 := rawConn(t, srv.Addr(), 10*time.Second)
 	l := connect(t, srv.Addr(), withTTL(5*time.Second))
-	name := "interop/zk.Lock " + randomHex(4) // escaped: one path component
+	name := "interop/zk.Lock " + testutil.RandomHex(4) // escaped: one path component
 	path := zookeeper.LockPath("", name)
 	acl := zk.WorldACL(zk.PermAll)
 	t.Cleanup(func() { _ = raw.Delete(path, -1) }) // zk.Lock may make it persistent
@@ -110,7 +111,7 @@ func TestInteropCurator(t *testing.T) {
 	defer cancel()
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
 	l := connect(t, srv.Addr(), withTTL(5*time.Second))
-	name := "curator-" + randomHex(4)
+	name := "curator-" + testutil.RandomHex(4)
 	path := zookeeper.LockPath("", name)
 	if _, err := raw.Create(path, nil, zk.FlagContainer, zk.WorldACL(zk.PermAll)); err != nil {
 		t.Fatal(err)

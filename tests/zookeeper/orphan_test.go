@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/dlock/dlock/internal/testexport/zookeeperexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -106,7 +107,7 @@ func TestOrphanLostCreateReply(t *testing.T) {
 	l := connect(t, p.Addr(), withTTL(3*time.Second))
 	holder := connect(t, srv.Addr(), withTTL(3*time.Second))
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "lostreply-" + randomHex(4)
+	name := "lostreply-" + testutil.RandomHex(4)
 	ls, err := l.TryAcquire(ctx, name, nil) // opens the session
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +156,7 @@ func TestOrphanCreateAcrossExpiry(t *testing.T) {
 			l := connect(t, p.Addr(), &zookeeper.Options{Defaults: dlock.Options{TTL: ttl}, Dialer: hs.dial})
 			holder := connect(t, srv.Addr(), withTTL(ttl))
 			raw := rawConn(t, srv.Addr(), 10*time.Second)
-			name := "across-" + randomHex(4)
+			name := "across-" + testutil.RandomHex(4)
 			ls, err := l.TryAcquire(ctx, name, nil) // opens the session
 			if err != nil {
 				t.Fatal(err)
@@ -225,7 +226,7 @@ func TestOrphanLostRelease(t *testing.T) {
 	l := connect(t, p.Addr(), withTTL(ttl))
 	other := connect(t, srv.Addr(), withTTL(ttl))
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "lostrelease-" + randomHex(4)
+	name := "lostrelease-" + testutil.RandomHex(4)
 	ls, err := l.Acquire(ctx, name, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +260,7 @@ func TestOrphanLostLeave(t *testing.T) {
 	holder := connect(t, srv.Addr(), withTTL(ttl))
 	waiter := connect(t, p.Addr(), withTTL(ttl))
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "lostleave-" + randomHex(4)
+	name := "lostleave-" + testutil.RandomHex(4)
 	ls, err := holder.Acquire(ctx, name, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -305,7 +306,7 @@ func TestOrphanLeaveWriteFails(t *testing.T) {
 	holder := connect(t, srv.Addr(), withTTL(ttl))
 	waiter := connect(t, p.Addr(), &zookeeper.Options{Defaults: dlock.Options{TTL: ttl}, Dialer: hd.dial})
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "leavewrite-" + randomHex(4)
+	name := "leavewrite-" + testutil.RandomHex(4)
 	ls, err := holder.Acquire(ctx, name, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -381,7 +382,7 @@ func TestOrphanSweptOnResume(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "swept-" + randomHex(4)
+	name := "swept-" + testutil.RandomHex(4)
 	op, err := orphan(ctx, name, ttl)
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +416,7 @@ func TestOrphanPause(t *testing.T) {
 	ttl := time.Second
 	const n = 4
 	raw := rawConn(t, srv.Addr(), 30*time.Second)
-	name := "pause-" + randomHex(4)
+	name := "pause-" + testutil.RandomHex(4)
 	proxies := make([]*faultnet.Proxy, n)
 	lockers := make([]*dlock.Locker, n)
 	for i := range lockers {
@@ -533,7 +534,7 @@ func TestOrphanChaos(t *testing.T) {
 	ttl := time.Second
 	const n = 4
 	raw := rawConn(t, srv.Addr(), 30*time.Second)
-	name := "chaos-" + randomHex(4)
+	name := "chaos-" + testutil.RandomHex(4)
 	proxies := make([]*faultnet.Proxy, n)
 	lockers := make([]*dlock.Locker, n)
 	for i := range lockers {

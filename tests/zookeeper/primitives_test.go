@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/dlock/dlock/internal/testexport/zookeeperexport"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -61,7 +62,7 @@ func TestSemaphoreWaiterAheadLeaves(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "sem-leave-" + randomHex(4)
+	name := "sem-leave-" + testutil.RandomHex(4)
 	parent := zookeeper.SemaphorePath("", name)
 	var sems []*dlock.Semaphore
 	for range 4 {
@@ -103,7 +104,7 @@ func TestSemaphoreGrantWakesNext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "sem-next-" + randomHex(4)
+	name := "sem-next-" + testutil.RandomHex(4)
 	parent := zookeeper.SemaphorePath("", name)
 	var sems []*dlock.Semaphore
 	for range 4 {
@@ -143,7 +144,7 @@ func TestSemaphoreMismatchWaiting(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "sem-mismatch-" + randomHex(4)
+	name := "sem-mismatch-" + testutil.RandomHex(4)
 	parent := zookeeper.SemaphorePath("", name)
 	l := connect(t, srv.Addr(), withTTL(time.Second))
 	h, err := semaphore(t, l, name, 1).Acquire(ctx, nil)
@@ -177,7 +178,7 @@ func TestRWLockCuratorLayout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "rw-curator-" + randomHex(4)
+	name := "rw-curator-" + testutil.RandomHex(4)
 	parent := zookeeper.RWLockPath("", name)
 	l := connect(t, srv.Addr(), withTTL(time.Second))
 	rw, err := l.RWLock(name)
@@ -193,7 +194,7 @@ func TestRWLockCuratorLayout(t *testing.T) {
 	t.Cleanup(func() { _ = raw.Delete(parent, -1) })
 	curator := func(lockName string) string {
 		t.Helper()
-		p, err := raw.Create(parent+"/_c_6f1c2a34-51b1-4c1e-9d0e-"+randomHex(6)+"-"+lockName, nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+		p, err := raw.Create(parent+"/_c_6f1c2a34-51b1-4c1e-9d0e-"+testutil.RandomHex(6)+"-"+lockName, nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,7 +247,7 @@ func TestRWLockWriterFencing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "rw-fence-" + randomHex(4)
+	name := "rw-fence-" + testutil.RandomHex(4)
 	parent := zookeeper.RWLockPath("", name)
 	l := connect(t, srv.Addr(), withTTL(time.Second))
 	rw, err := l.RWLock(name)
@@ -289,7 +290,7 @@ func TestElectionSinceIsGrant(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "elect-since-" + randomHex(4)
+	name := "elect-since-" + testutil.RandomHex(4)
 	a := connect(t, srv.Addr(), withTTL(time.Second))
 	b := connect(t, srv.Addr(), withTTL(time.Second))
 	la, err := a.Elect(ctx, name, "a", nil)
@@ -340,7 +341,7 @@ func TestKindsOwnNamespaces(t *testing.T) {
 	defer cancel()
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
 	l := connect(t, srv.Addr(), withTTL(time.Second))
-	name := "kinds-" + randomHex(4)
+	name := "kinds-" + testutil.RandomHex(4)
 	rw, err := l.RWLock(name)
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +386,7 @@ func TestOrphanLostCreateReplyKinds(t *testing.T) {
 			l := connect(t, p.Addr(), withTTL(3*time.Second))
 			holder := connect(t, srv.Addr(), withTTL(3*time.Second))
 			raw := rawConn(t, srv.Addr(), 10*time.Second)
-			name := "lostreply-" + kind + "-" + randomHex(4)
+			name := "lostreply-" + kind + "-" + testutil.RandomHex(4)
 			var (
 				parent  string
 				acquire func(ctx context.Context, l *dlock.Locker) (*dlock.Lease, error)
@@ -451,7 +452,7 @@ func TestWatchShared(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	holder := connect(t, srv.Addr(), withTTL(time.Second))
-	name := "watch-" + randomHex(4)
+	name := "watch-" + testutil.RandomHex(4)
 	ls, err := holder.Acquire(ctx, name, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -510,7 +511,7 @@ func TestChurn(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			raw := rawConn(t, srv.Addr(), 10*time.Second)
-			name := "churn-" + kind + "-" + randomHex(4)
+			name := "churn-" + kind + "-" + testutil.RandomHex(4)
 			parent := zookeeper.SemaphorePath("", name)
 			if kind == "rw" {
 				parent = zookeeper.RWLockPath("", name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"io"
 	"net"
 	"sync"
@@ -115,7 +116,7 @@ func TestServerRestart(t *testing.T) {
 	holder := connect(t, srv.Addr(), withTTL(ttl))
 	waiter := connect(t, srv.Addr(), withTTL(ttl))
 	other := connect(t, srv.Addr(), withTTL(ttl))
-	name := "restart-" + randomHex(4)
+	name := "restart-" + testutil.RandomHex(4)
 
 	ls, err := holder.Acquire(ctx, name, nil)
 	if err != nil {
@@ -180,7 +181,7 @@ func TestSessionKilled(t *testing.T) {
 	w1 := connect(t, srv.Addr(), withTTL(ttl))
 	w2 := connect(t, srv.Addr(), withTTL(ttl))
 	raw := rawConn(t, srv.Addr(), ttl)
-	name := "killed-" + randomHex(4)
+	name := "killed-" + testutil.RandomHex(4)
 
 	ls, err := holder.Acquire(ctx, name, nil)
 	if err != nil {
@@ -247,7 +248,7 @@ func TestPartitionedHolder(t *testing.T) {
 	w1 := connect(t, srv.Addr(), withTTL(ttl))
 	w2 := connect(t, srv.Addr(), withTTL(ttl))
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
-	name := "partition-" + randomHex(4)
+	name := "partition-" + testutil.RandomHex(4)
 
 	ls, err := holder.Acquire(ctx, name, nil)
 	if err != nil {

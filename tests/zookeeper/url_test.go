@@ -3,6 +3,7 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"github.com/dlock/dlock/tests/internal/testutil"
 	"net"
 	"strings"
 	"testing"
@@ -96,7 +97,7 @@ func TestOpenUnreachable(t *testing.T) {
 // the server's minimum session timeout is the Locker's MinTTL.
 func TestOpenRootAndTTL(t *testing.T) {
 	srv := zkServer(t)
-	root := "/dlock-url-" + randomHex(3) + "/nested"
+	root := "/dlock-url-" + testutil.RandomHex(3) + "/nested"
 	l := open(t, "zk://"+srv.Addr()+root+"?ttl=2s&metadata=host-a")
 	if got := l.Capabilities().MinTTL; got != 100*time.Millisecond {
 		t.Errorf("MinTTL = %v, want the server's 100ms", got)
@@ -128,7 +129,7 @@ func TestOpenRootAndTTL(t *testing.T) {
 // shows either password.
 func TestDigestCredentials(t *testing.T) {
 	srv := zkServer(t)
-	root := "/dlock-auth-" + randomHex(3)
+	root := "/dlock-auth-" + testutil.RandomHex(3)
 	alice := open(t, "zk://alice:wonder1and@"+srv.Addr()+root+"?ttl=2s")
 	bob := open(t, "zk://bob:bu1lder@"+srv.Addr()+root+"?ttl=2s")
 	ctx := context.Background()
@@ -185,7 +186,7 @@ func TestDigestCredentials(t *testing.T) {
 // TestParseACL checks the acl parameter's forms against the nodes made.
 func TestParseACL(t *testing.T) {
 	srv := zkServer(t)
-	root := "/dlock-acl-" + randomHex(3)
+	root := "/dlock-acl-" + testutil.RandomHex(3)
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
 	for _, tc := range []struct {
 		param string
@@ -196,7 +197,7 @@ func TestParseACL(t *testing.T) {
 		{"ip:127.0.0.1:r,world:anyone:cdrw", []zk.ACL{{Perms: zk.PermRead, Scheme: "ip", ID: "127.0.0.1"}, {Perms: zk.PermAll &^ zk.PermAdmin, Scheme: "world", ID: "anyone"}}},
 	} {
 		l := open(t, "zk://"+srv.Addr()+root+"?acl="+tc.param)
-		name := "acl-" + randomHex(3)
+		name := "acl-" + testutil.RandomHex(3)
 		ls, err := l.TryAcquire(context.Background(), name, nil)
 		if err != nil {
 			if tc.param == "read" && errors.Is(err, zk.ErrInvalidACL) {

@@ -2,8 +2,6 @@ package zookeeper_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log"
@@ -77,10 +75,4 @@ func rawConn(t testing.TB, addr string, timeout time.Duration) *zk.Conn {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return c
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
