@@ -1,0 +1,161 @@
+// Tests under network faults: resets, latency and delayed refreshes, and
+// attempts cut short.
+
+package conformance
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/dlock/dlock"
+)
+
+func testResetDuringRefresh(s *suite) {
+	if s.caps.ConnectionBound {
+		s.resetLosesLease()
+		return
+	}
+	a, fa := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	s.keepsOut(ls, b, 2*s.cfg.TTL, s.cfg.TTL/7, fa.Reset)
+	s.release(ls)
+}
+
+// resetLosesLease is ResetDuringRefresh for a ConnectionBound driver: the
+// reset ends the holder's connection, and with it the lock; the lease must
+// report the loss well before its ValidUntil (within a third of the TTL, the
+// watchdog's period), another locker then gets the name, and the reset
+// locker can take locks again.
+func (s *suite) resetLosesLease() {
+	a, fa := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	time.Sleep(s.cfg.TTL / 4) // let the watchdog get going
+	s.stillHeld(ls)
+	reset := time.Now()
+	fa.Reset()
+	lostAt := s.waitDone(ls, s.live(s.cfg.TTL))
+	if d, limit := lostAt.Sub(reset), s.cfg.TTL/3+s.tol(); d > limit {
+		s.t.Errorf("loss signalled %v after the reset, want within %v (TTL/3 + tolerance %v%s)", d, limit, s.tol(), s.scaled())
+	}
+	if !errors.Is(ls.Err(), dlock.ErrLost) {
+		s.t.Errorf("Err() after the reset = %v, want ErrLost", ls.Err())
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.live(2*s.cfg.TTL))
+	lb, err := b.Acquire(ctx, name, nil)
+	cancel()
+	if err != nil {
+		s.t.Fatalf("contender after the holder's reset, within %v (2×TTL%s): %v", s.live(2*s.cfg.TTL), s.scaled(), err)
+	}
+	s.release(lb)
+	la := s.acquire(a, name, nil)
+	s.stillHeld(la)
+	s.release(la)
+}
+
+func testLatency(s *suite) {
+	a, fa := s.locker(s.opts())
+	name := s.name()
+	// Warm the locker up first: connection set-up and script loading cost
+	// round trips that, slowed down, would eat the first lease's validity.
+	s.warm(a)
+	lag := s.cfg.TTL / 20
+	fa.SetLatency(lag)
+	start := time.Now()
+	ls := s.acquire(a, name, nil)
+	// ValidUntil is counted from when the request was sent, so it is at
+	// least the round trip short of start+TTL.
+	if limit := start.Add(s.cfg.TTL); ls.ValidUntil().After(limit) {
+		s.t.Fatalf("ValidUntil %v past start+TTL", ls.ValidUntil().Sub(limit))
+	}
+	s.stillHeld(ls)
+	fa.SetLatency(0)
+	s.release(ls)
+}
+
+func testDelayedRefresh(s *suite) {
+	a, fa := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	s.warm(a, b)
+	name := s.name()
+	ls := s.acquire(a, name, nil)
+	// The loss is timed as it happens, not when b's wait is over: the
+	// backend may keep the lock up to ExpirySlack past a's ValidUntil.
+	lost := make(chan time.Time, 1)
+	go func() {
+		select {
+		case <-ls.Done():
+			lost <- time.Now()
+		case <-s.ctx.Done():
+		}
+	}()
+	// From now on a's requests arrive a TTL late: its first watchdog refresh
+	// reaches the server after the lock has expired.
+	fa.SetLatency(s.cfg.TTL)
+	start := time.Now()
+	lb := s.acquire(b, name, nil)
+	grantedAt := time.Now() // b's Acquire returned: b believes it holds the lock
+	var lostAt time.Time
+	select {
+	case lostAt = <-lost:
+	case <-time.After(s.live(s.cfg.TTL) + s.tol()):
+		s.t.Fatalf("lease %q did not end within %v of b's grant (TTL + tolerance%s)", ls.Name(), s.live(s.cfg.TTL)+s.tol(), s.scaled())
+	}
+	until := ls.ValidUntil()
+	// Safety, never scaled: b holds only once a's validity is over.
+	if grantedAt.Before(until) {
+		s.t.Fatalf("b granted %v before a's ValidUntil", until.Sub(grantedAt))
+	}
+	// Liveness: the Locker's timer fires at ValidUntil.
+	if late := lostAt.Sub(until); late > s.tol() {
+		s.t.Errorf("loss signalled %v after ValidUntil, want no later than ValidUntil + tolerance %v%s", late, s.tol(), s.scaled())
+	}
+	// Liveness: the backend frees the lock by ExpirySlack after ValidUntil,
+	// and b's wait notices it and gets the reply within the tolerance.
+	if late, bound := grantedAt.Sub(until), s.caps.ExpirySlack+s.tol(); late > bound {
+		s.t.Errorf("b granted %v after a's ValidUntil, want within %v (ExpirySlack %v + tolerance %v%s)", late, bound, s.caps.ExpirySlack, s.tol(), s.scaled())
+	}
+	// Let every delayed request of a's arrive (sent before its loss at
+	// most TTL after start, delivered a TTL later).
+	time.Sleep(time.Until(start.Add(2*s.cfg.TTL + s.cfg.TTL/2)))
+	fa.SetLatency(0)
+	s.stillHeld(lb)
+	s.release(lb)
+}
+
+func testCancelledAttempt(s *suite) {
+	long := 20 * s.cfg.TTL
+	a, fa := s.locker(s.opts(ttl(long)))
+	b, _ := s.locker(s.opts())
+	name := s.name()
+	s.warm(a, b)
+	lag := s.cfg.TTL / 5
+	fa.SetLatency(lag)
+	for _, try := range []bool{true, false} {
+		ctx, cancel := context.WithTimeout(s.ctx, lag*3/2)
+		var err error
+		if try {
+			_, err = a.TryAcquire(ctx, name, nil)
+		} else {
+			_, err = a.Acquire(ctx, name, nil)
+		}
+		cancel()
+		if err == nil {
+			s.t.Fatalf("try=%v: acquired within %v though a round trip takes %v", try, lag*3/2, 2*lag)
+		}
+		// A lock left behind would hold the name for 20×TTL; the abandoned
+		// grant must be gone within a few round trips.
+		ctx, cancel = context.WithTimeout(s.ctx, s.live(2*s.cfg.TTL))
+		lb, err := b.Acquire(ctx, name, nil)
+		cancel()
+		if err != nil {
+			s.t.Fatalf("try=%v: the name is still taken %v (2×TTL%s) after the cancelled attempt: %v", try, s.live(2*s.cfg.TTL), s.scaled(), err)
+		}
+		s.release(lb)
+	}
+	fa.SetLatency(0)
+}
