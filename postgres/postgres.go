@@ -596,28 +596,42 @@ func (d *driver) acquireConn(ctx context.Context, req dlockdriver.Request, ms st
 	return &dlockdriver.Grant{Handle: h, Fence: fence, Sent: sent}, nil
 }
 
-// poolWait is how long an acquisition waits for a connection when the pool
-// has none free before it fails with dlock.ErrResourceLimit.
-const poolWait = time.Second
+// poolWait is how long an acquisition waits for a connection once the pool
+// has none free (every connection is out) before it fails with
+// dlock.ErrResourceLimit; poolPoll is how often a wait for a connection
+// looks whether the pool is full.
+const (
+	poolWait = time.Second
+	poolPoll = poolWait / 10
+)
+
+// errPoolFull ends a wait for a connection of a full pool.
+var errPoolFull = errors.New("postgres: the pool is full")
 
 // conn takes a connection from the pool for an acquisition, its fencing
 // epoch checked.
+//
+// Every lease and wait holds a connection of its own: when the pool has
+// none free, the acquisition waits only as long as another user's short
+// request takes, then says which limit is reached rather than wait on.
+// Whether the pool is full is looked at while the wait goes on, not only
+// before it: callers racing to fill the pool all pass a look taken before
+// the pool filled, and the last of them would wait for a release, for as
+// long as their ctx lets them.
 func (d *driver) conn(ctx context.Context) (*pgxpool.Conn, error) {
-	// Every lease and wait holds a connection of its own: when the pool
-	// has none free, wait only as long as another user's short request
-	// takes, then say which limit is reached rather than wait on.
-	actx := ctx
-	if st := d.pool.Stat(); st.AcquiredConns() >= st.MaxConns() {
-		var cancel context.CancelFunc
-		actx, cancel = context.WithTimeout(ctx, poolWait)
-		defer cancel()
-	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	w := &poolWatch{d: d, cancel: cancel}
+	w.mu.Lock()
+	w.t = time.AfterFunc(w.next(time.Now()), w.check)
+	w.mu.Unlock()
 	c, err := d.pool.Acquire(actx)
+	w.stop()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
-		if actx.Err() != nil {
+		if errors.Is(context.Cause(actx), errPoolFull) {
 			holders := "each lease and each wait holds one"
 			if d.shared != nil {
 				holders = "each shared session, each wait, and each permit, read/write lock or lease with metadata holds one"
@@ -631,6 +645,51 @@ func (d *driver) conn(ctx context.Context) (*pgxpool.Conn, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// poolWatch bounds one wait for a connection: it looks at the pool every
+// poolPoll, and ends the wait poolWait after it first found the pool full.
+type poolWatch struct {
+	d      *driver
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	t      *time.Timer
+	full   time.Time // when the pool was first seen full; zero until then
+	done   bool      // the wait ended
+}
+
+// next looks at the pool and returns how long to wait before the next
+// look; 0 when the wait has gone on poolWait since the pool was full. w.mu
+// is held.
+func (w *poolWatch) next(now time.Time) time.Duration {
+	if w.full.IsZero() {
+		if st := w.d.pool.Stat(); st.AcquiredConns() < st.MaxConns() {
+			return poolPoll
+		}
+		w.full = now
+	}
+	return max(0, poolWait-now.Sub(w.full))
+}
+
+func (w *poolWatch) check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	if next := w.next(time.Now()); next > 0 {
+		w.t.Reset(next)
+		return
+	}
+	w.done = true
+	w.cancel(errPoolFull)
+}
+
+func (w *poolWatch) stop() {
+	w.mu.Lock()
+	w.done = true
+	w.t.Stop()
+	w.mu.Unlock()
 }
 
 // ensureEpochOf is ensureEpoch for an acquisition, when fencing is on: on
