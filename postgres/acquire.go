@@ -123,7 +123,7 @@ func (d *driver) acquireConn(ctx context.Context, req dlockdriver.Request, ms st
 	var err error
 	if wait {
 		var cancelled bool
-		cancelled, err = h.cw.cancellable(ctx, pg, 0, func() error {
+		cancelled, err = h.cw.cancellableEnding(ctx, pg, func() error {
 			return waitStmt.run(context.Background(), c.Conn(), h.args[:], r)
 		})
 		if err == nil && cancelled {
