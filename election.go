@@ -84,7 +84,7 @@ func (l *Locker) canElect() error {
 }
 
 // Leader says who leads the election name now (Held false when nobody
-// does). The answer may be stale by the time it arrives: a candidate that
+// does, or while a leader has not recorded its candidate yet). The answer may be stale by the time it arrives: a candidate that
 // must know whether it leads looks at its own lease.
 func (l *Locker) Leader(ctx context.Context, name string) (Leader, error) {
 	if err := ValidateName(name); err != nil {
@@ -105,7 +105,11 @@ func (l *Locker) leader(ctx context.Context, name string) (Leader, time.Duration
 		return Leader{}, 0, err
 	}
 	ld := Leader{Name: name}
-	if info.Held {
+	// A candidate id is never empty: a holder without one has not recorded
+	// it yet, or no longer has it (PostgreSQL writes it after the grant
+	// and deletes it before the release), and is not reported as a leader,
+	// which would have no candidate and term 0.
+	if info.Held && info.Metadata != "" {
 		ld.Held, ld.Candidate, ld.Term, ld.Since = true, info.Metadata, info.Fence, info.Since
 	}
 	return ld, info.TTL, nil

@@ -12,7 +12,7 @@
 --   $3 text  the lease's idle_session_timeout, in milliseconds: the TTL.
 --
 -- Placeholders (in double braces), replaced once per Locker:
---   take   the WHEN clauses that take the lock (see postgres.go). For
+--   take   the WHEN clauses that take the lock (see sql.go). For
 --          Acquire: set the session up, then wait in pg_advisory_lock, the
 --          server's FIFO queue, until granted or cancelled; for TryAcquire,
 --          one pg_try_advisory_lock, then set the session up if granted.

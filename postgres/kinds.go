@@ -199,7 +199,7 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 	if wait {
 		st = ks.wait
 		var ch *string
-		cancelled, err := h.cw.cancellable(ctx, pg, 0, func() error {
+		cancelled, err := h.cw.cancellableEnding(ctx, pg, func() error {
 			return c.QueryRow(context.Background(), permitQueueSQL, keyText, ms).Scan(&prevIdle, &ch)
 		})
 		switch {
