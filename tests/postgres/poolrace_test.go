@@ -14,7 +14,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // live is the liveness bound d multiplied by DLOCK_TOLERANCE_SCALE.
@@ -36,7 +36,7 @@ func live(t testing.TB, d time.Duration) time.Duration {
 // none waits for its ctx, which lasts far longer. (A check of the pool before an unbounded wait for
 // a connection let 13 of 16 such calls wait for their whole ctx.)
 func TestPoolFillingRaceFailsFast(t *testing.T) {
-	addr := servers.Require(t, servers.Postgres).Addr()
+	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	const maxConns = 32
 	bound := live(t, 5*time.Second)
 	for _, tc := range []struct {

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/dlock/dlock"
-	"github.com/dlock/dlock/internal/servers"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // Leadership passing back and forth between two candidates, resigning as
@@ -18,8 +18,8 @@ import (
 // its row before it unlocks: neither moment may show as a leader without a
 // candidate and with term 0.
 func TestElectionTermsIncrease(t *testing.T) {
-	ctx := testCtx(t)
-	srv := servers.Require(t, servers.Postgres)
+	ctx := testutil.Ctx(t)
+	srv := dlocktest.Require(t, dlocktest.Postgres)
 	a := newLocker(t, srv.Addr(), nil)
 	b := newLocker(t, srv.Addr(), nil)
 	o := newLocker(t, srv.Addr(), nil)
