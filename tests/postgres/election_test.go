@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/dlocktest"
+	"github.com/dlock/dlock/tests/internal/testutil"
 )
 
 // Leadership passing back and forth between two candidates, resigning as
