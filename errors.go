@@ -47,7 +47,9 @@ var (
 	// ErrResourceLimit: the acquisition needs a client-side resource that
 	// is used up (the postgres driver: every connection of its pool holds
 	// a lease or a wait); the error names the limit. It matches
-	// ErrNotAcquired, and is returned at once rather than waiting.
+	// ErrNotAcquired, and is returned within about a second of the limit
+	// being reached rather than waiting for a release (the postgres
+	// driver's pool gives no non-blocking acquire: it watches its own wait).
 	ErrResourceLimit = driver.ErrResourceLimit
 )
 
