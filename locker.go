@@ -1,3 +1,8 @@
+// One file, over 600 lines: Locker is the engine every driver shares —
+// acquire, wait (poll, watch or the server's queue), validity, abandoning
+// a failed attempt, and Close — and these steps hand each other the same
+// request and grant; lease.go holds what happens after the grant.
+
 package dlock
 
 import (

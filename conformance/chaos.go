@@ -1,3 +1,8 @@
+// One file, over 600 lines: the Chaos section is one run — clients, the
+// path and server nemeses, the witness that records every lease, and the
+// checks over what it recorded — sharing one chaosRun; split, each piece
+// would need the others to be read.
+
 package conformance
 
 import (

@@ -1,3 +1,8 @@
+// One file, over 600 lines: the conformance tests of the primitives built on
+// leases (semaphores, read/write locks, elections) share the interval
+// bookkeeping (hold, maxOverlap) and loop helpers at the top, and each kind's
+// tests are a few screens.
+
 package conformance
 
 import (

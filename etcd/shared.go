@@ -1,3 +1,7 @@
+// One file, over 600 lines: the shared etcd lease per TTL class and the one
+// watch per Locker that tells each lock's deletion apart are one mechanism:
+// the watch loop settles, judges and reaps the handles on the shared leases.
+
 package etcd
 
 import (

@@ -1,3 +1,7 @@
+// One file, over 600 lines: one acquisition across the nodes — the requests,
+// the replies' bookkeeping, the judgement (majority, split vote, too late)
+// and the grant handed over by a release — is one state machine.
+
 package redlock
 
 import (

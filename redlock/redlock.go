@@ -1,3 +1,8 @@
+// One file, over 600 lines: the driver's shape across all nodes — options,
+// New, the fan-out every operation uses, the shared release watch, and the
+// handle's refresh and release — which acquire.go (the acquisition's
+// quorum logic) builds on.
+
 package redlock
 
 import (

@@ -2,6 +2,10 @@
 // a Locker: the redis driver runs one, the redlock driver one per node.
 package redishub
 
+// One file, over 600 lines: the hub is one state machine over one pub/sub
+// connection (watch, subscribe, confirm, linger, reconnect by epochs), with
+// its writer and receiver loops sharing its lock; the package is this file.
+
 import (
 	"context"
 	"errors"
