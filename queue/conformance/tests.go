@@ -28,6 +28,15 @@ var tests = []testCase{
 	// the enqueue was sent, and is delivered to a waiting ClaimWait soon
 	// after.
 	{"DelayHonoured", testDelay},
+	// Many delayed tasks, taken by workers that ask without pause: none is
+	// delivered before its enqueue's send time + Delay (deadlines.go).
+	{"DelayNeverEarly", testDelayMany},
+	// A claim's Until is never later than the server's deadline: a second
+	// client asking without pause never gets the task before it.
+	{"UntilBeforeRedelivery", testUntilBeforeRedelivery},
+	// 2,000 tasks, 8 workers, each task's first claim left to run out: no
+	// claim arrives before the previous claim's Until (0 overlaps).
+	{"NoOverlappingClaims", testNoOverlappingClaims},
 	// A stale claim (expired, the task claimed again by another worker)
 	// can neither Ack, Extend nor Nack: ErrClaimLost, and the current
 	// claim's Ack still removes the task; Delete compares the due time.
