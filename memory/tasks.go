@@ -70,14 +70,26 @@ func (d *taskDriver) q(name string) *taskQueue {
 	return q
 }
 
-// do runs op on the queue under the store's lock, across the link.
+// do runs op on the queue under the store's lock, across the link. now is
+// the store's clock, unrounded: due times and deadlines are compared with
+// it as they are, and counted from it with after.
 func (d *taskDriver) do(ctx context.Context, name string, op func(q *taskQueue, now time.Time)) error {
 	return d.link.do(ctx, func() error {
 		d.s.mu.Lock()
 		defer d.s.mu.Unlock()
-		op(d.q(name), time.Now().Truncate(time.Millisecond))
+		op(d.q(name), time.Now())
 		return nil
 	})
+}
+
+// after is the due time or deadline dur after now, to the millisecond as
+// a server keeps it, rounded the safe way (up; see package queue/driver's
+// Rounding); with no delay, now rounded down: due at once.
+func after(now time.Time, dur time.Duration) time.Time {
+	if dur == 0 {
+		return now.Truncate(time.Millisecond)
+	}
+	return qdriver.UpMilli(now).Add(time.Duration(qdriver.Millis(dur)) * time.Millisecond)
 }
 
 func (q *taskQueue) wake() {
@@ -96,9 +108,9 @@ func copyTask(t *memTask, due time.Time) qdriver.Task {
 func (d *taskDriver) Enqueue(ctx context.Context, name string, r qdriver.EnqueueRequest) (qdriver.Result, error) {
 	var res qdriver.Result
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
-		due := now.Add(r.Delay)
+		due := after(now, r.Delay)
 		if !r.At.IsZero() {
-			due = r.At.Truncate(time.Millisecond)
+			due = qdriver.UpMilli(r.At)
 		}
 		t := q.tasks[r.ID]
 		switch {
@@ -213,7 +225,7 @@ func (d *taskDriver) Claim(ctx context.Context, name string, n int, visibility t
 		ready, _ := q.due(now)
 		for _, t := range ready[:min(n, len(ready))] {
 			t.attempts++
-			t.token, t.until = qdriver.NewToken(), now.Add(visibility)
+			t.token, t.until = qdriver.NewToken(), after(now, visibility)
 			out = append(out, qdriver.Claimed{Task: copyTask(t, t.due), Token: t.token})
 		}
 		_, wait = q.due(now)
@@ -245,7 +257,7 @@ func (d *taskDriver) Extend(ctx context.Context, name, id, token string, ext tim
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		if t := q.current(id, token, now); t != nil {
-			t.until, ok = now.Add(ext), true
+			t.until, ok = after(now, ext), true
 		}
 	})
 	return ok, err
@@ -264,7 +276,7 @@ func (d *taskDriver) Nack(ctx context.Context, name, id, token string, delay tim
 			t.dead = now
 			return
 		}
-		t.due = now.Add(delay)
+		t.due = after(now, delay)
 		q.wake()
 	})
 	return ok, err
@@ -273,7 +285,7 @@ func (d *taskDriver) Nack(ctx context.Context, name, id, token string, delay tim
 func (d *taskDriver) Delete(ctx context.Context, name, id string, due time.Time) (bool, error) {
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
-		if t := q.tasks[id]; t != nil && t.waiting() && t.due.Equal(due.Truncate(time.Millisecond)) {
+		if t := q.tasks[id]; t != nil && t.waiting() && t.due.Equal(qdriver.UpMilli(due)) {
 			delete(q.tasks, id)
 			ok = true
 		}
@@ -321,7 +333,7 @@ func (d *taskDriver) Requeue(ctx context.Context, name, id string, delay time.Du
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		if t := q.tasks[id]; t != nil && !t.dead.IsZero() {
-			t.dead, t.attempts, t.due, ok = time.Time{}, 0, now.Add(delay), true
+			t.dead, t.attempts, t.due, ok = time.Time{}, 0, after(now, delay), true
 			q.wake()
 		}
 	})

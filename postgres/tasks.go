@@ -145,16 +145,27 @@ func (d *taskDriver) ensure(ctx context.Context) error {
 	return fmt.Errorf("postgres: creating the task table %s: %w", d.table, err)
 }
 
-const (
-	dueExpr = `date_trunc('milliseconds', now())`
-)
+// dueExpr is what a due time or deadline is counted from: the statement's
+// now() rounded up to the millisecond (now() is to the µs), with durations
+// the client rounded up (qdriver.Millis), so that it is never earlier than
+// the client's belief, counted from before it sent the statement (see
+// package queue/driver's Rounding). Whether one has passed is asked of
+// now() unrounded.
+const dueExpr = `date_trunc('milliseconds', now() + interval '999 microseconds')`
+
+// dueAfter is the due time of a task due the parameter's ms after now:
+// dueExpr plus them, or, for no delay, now() rounded down: due at once.
+func dueAfter(ms string) string {
+	return `CASE WHEN ` + ms + ` = 0 THEN date_trunc('milliseconds', now()) ELSE ` +
+		dueExpr + ` + ` + ms + ` * interval '1 millisecond' END`
+}
 
 func (d *taskDriver) q(s string) string { return d.sql.Replace(s) }
 
 func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRequest) (qdriver.Result, error) {
 	var at *int64
 	if !r.At.IsZero() {
-		v := r.At.UnixMilli()
+		v := qdriver.UpMilli(r.At).UnixMilli()
 		at = &v
 	}
 	payload := r.Payload
@@ -169,7 +180,7 @@ func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRe
 		old               *int16
 		waiters           bool
 	)
-	err := d.pool.QueryRow(ctx, d.enqueueSQL, qn, r.ID, r.Delay.Milliseconds(), at, payload, int(r.Mode)).
+	err := d.pool.QueryRow(ctx, d.enqueueSQL, qn, r.ID, qdriver.Millis(r.Delay), at, payload, int(r.Mode)).
 		Scan(&changed, &inserted, &old, &waiters)
 	if err != nil {
 		return 0, fmt.Errorf("postgres: enqueue on %q: %w", qn, err)
@@ -200,11 +211,11 @@ func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRe
 // state before (from the statement's snapshot: it only names the result),
 // and whether a Client may be waiting (see waitersTest): the insert reads
 // its row from w, so the test is done before the statement locks a row.
-const enqueueSQL = `WITH w AS MATERIALIZED (SELECT ` + waitersTest + ` AS waiters),
+var enqueueSQL = `WITH w AS MATERIALIZED (SELECT ` + waitersTest + ` AS waiters),
 	old AS (SELECT state FROM dlock_tasks WHERE queue = $1 AND id = $2),
 	up AS (INSERT INTO dlock_tasks AS t (queue, id, state, due, payload)
 		SELECT $1, $2, 0, COALESCE('epoch'::timestamptz + $4::bigint * interval '1 millisecond',
-		        date_trunc('milliseconds', now()) + $3::bigint * interval '1 millisecond'), $5 FROM w
+		        ` + dueAfter("$3::bigint") + `), $5 FROM w
 		ON CONFLICT (queue, id) DO UPDATE SET
 		  state = 0, token = NULL, due = excluded.due,
 		  payload = CASE WHEN $6::int = 1 OR t.state = 2 THEN excluded.payload ELSE t.payload END,
@@ -375,7 +386,7 @@ func (d *taskDriver) Pop(ctx context.Context, qn string, n int) ([]qdriver.Task,
 }
 
 func (d *taskDriver) Claim(ctx context.Context, qn string, n int, vis time.Duration, max int) ([]qdriver.Claimed, time.Duration, error) {
-	rows, w, err := d.take(ctx, qn, "claim", d.claimSQL, qn, n, max, qdriver.NewToken(), vis.Milliseconds())
+	rows, w, err := d.take(ctx, qn, "claim", d.claimSQL, qn, n, max, qdriver.NewToken(), qdriver.Millis(vis))
 	out := make([]qdriver.Claimed, len(rows))
 	for i, r := range rows {
 		out[i] = qdriver.Claimed{Task: r.task(), Token: *r.token}
@@ -497,24 +508,24 @@ func (d *taskDriver) Ack(ctx context.Context, qn, id, token string) (bool, error
 
 func (d *taskDriver) Extend(ctx context.Context, qn, id, token string, ext time.Duration) (bool, error) {
 	return d.exec(ctx, "extend", qn, `UPDATE dlock_tasks SET due = `+dueExpr+` + $4::bigint * interval '1 millisecond' WHERE `+current,
-		qn, id, token, ext.Milliseconds())
+		qn, id, token, qdriver.Millis(ext))
 }
 
 func (d *taskDriver) Nack(ctx context.Context, qn, id, token string, delay time.Duration, max int) (bool, error) {
 	return d.execDue(ctx, "nack", qn, `UPDATE dlock_tasks SET token = NULL,
 		state = CASE WHEN $5::int > 0 AND attempts >= $5::int THEN 2 ELSE 0 END,
-		due = `+dueExpr+` + CASE WHEN $5::int > 0 AND attempts >= $5::int THEN interval '0' ELSE $4::bigint * interval '1 millisecond' END
-		WHERE `+current, qn, id, token, delay.Milliseconds(), max)
+		due = CASE WHEN $5::int > 0 AND attempts >= $5::int THEN date_trunc('milliseconds', now()) ELSE `+dueAfter("$4::bigint")+` END
+		WHERE `+current, qn, id, token, qdriver.Millis(delay), max)
 }
 
 func (d *taskDriver) Delete(ctx context.Context, qn, id string, due time.Time) (bool, error) {
 	return d.exec(ctx, "delete", qn, `DELETE FROM dlock_tasks WHERE queue = $1 AND id = $2 AND state = 0
-		AND due = 'epoch'::timestamptz + $3::bigint * interval '1 millisecond'`, qn, id, due.UnixMilli())
+		AND due = 'epoch'::timestamptz + $3::bigint * interval '1 millisecond'`, qn, id, qdriver.UpMilli(due).UnixMilli())
 }
 
 func (d *taskDriver) Requeue(ctx context.Context, qn, id string, delay time.Duration) (bool, error) {
 	return d.execDue(ctx, "requeue", qn, `UPDATE dlock_tasks SET state = 0, attempts = 0, token = NULL,
-		due = `+dueExpr+` + $3::bigint * interval '1 millisecond' WHERE queue = $1 AND id = $2 AND state = 2`, qn, id, delay.Milliseconds())
+		due = `+dueAfter("$3::bigint")+` WHERE queue = $1 AND id = $2 AND state = 2`, qn, id, qdriver.Millis(delay))
 }
 
 func (d *taskDriver) Stats(ctx context.Context, qn string) (qdriver.Stats, error) {

@@ -33,7 +33,8 @@
 //     (payload and due time) or Reschedule (due time) it; the result says
 //     which happened. Either ends a current claim on it.
 //   - Due times are the server's clock: a task is never delivered before it
-//     is due, whatever the clients' clocks say.
+//     is due, whatever the clients' clocks say, nor, delayed, before its
+//     enqueue's send time + Delay (due times are rounded up to the ms).
 //   - Peek shows due tasks in due order; Pop takes them at once (at most
 //     once: a worker that crashes after Pop has lost them).
 //   - Claim takes them for a visibility timeout (at least once): Ack
@@ -41,8 +42,9 @@
 //     out makes the task due again, delivered to the next Claim with its
 //     Attempts raised; after Options.MaxAttempts deliveries it is
 //     dead-lettered (Dead lists, Requeue moves back). No two claims on one
-//     task are current at once. Claim.Until is counted from when the request
-//     was sent, so the server's deadline is no earlier.
+//     task are current at once. Claim.Until is counted from before the
+//     request was sent and rounded down, the server's deadline from its
+//     receipt and rounded up, so the server's deadline is no earlier.
 //   - Delete(id, due) is the articles' compare-and-remove: it removes a
 //     waiting task only if it is still due at the time the caller read.
 //   - PopWait and ClaimWait block until a task is there, woken by the server

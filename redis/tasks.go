@@ -105,12 +105,14 @@ func (d *taskDriver) Ping(ctx context.Context) error {
 	return nil
 }
 
-func ms(d time.Duration) int64 { return d.Milliseconds() }
+// ms is a duration as the scripts take it: whole ms, rounded up (see
+// package queue/driver's Rounding).
+func ms(d time.Duration) int64 { return qdriver.Millis(d) }
 
 func (d *taskDriver) Enqueue(ctx context.Context, q string, r qdriver.EnqueueRequest) (qdriver.Result, error) {
 	at := ""
 	if !r.At.IsZero() {
-		at = strconv.FormatInt(r.At.UnixMilli(), 10)
+		at = strconv.FormatInt(qdriver.UpMilli(r.At).UnixMilli(), 10)
 	}
 	v, err := tasksEnqueue.Run(ctx, d.c, d.keys(q), r.ID, ms(r.Delay), at, r.Payload, int(r.Mode)).Int()
 	if err != nil {
@@ -197,7 +199,7 @@ func (d *taskDriver) admin(ctx context.Context, q string, args ...any) *goredis.
 }
 
 func (d *taskDriver) Delete(ctx context.Context, q, id string, due time.Time) (bool, error) {
-	v, err := d.admin(ctx, q, "delete", id, due.UnixMilli()).Int()
+	v, err := d.admin(ctx, q, "delete", id, qdriver.UpMilli(due).UnixMilli()).Int()
 	if err != nil {
 		return false, fmt.Errorf("redis: delete of %q on %q: %w", id, q, err)
 	}

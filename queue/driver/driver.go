@@ -8,6 +8,19 @@
 // so that an error leaves every task where it was or where the call put it.
 // "Now" and "due" are the server's clock, so that clients whose clocks
 // disagree still never see a task early.
+//
+// # Rounding
+//
+// Servers keep due times and claim deadlines to the millisecond, and the
+// clients count a claim's Until, and a delay, from a moment before they
+// sent the request. So every rounding goes the safe way: a deadline or
+// due time a driver sets is the server's now rounded up to the
+// millisecond plus the duration rounded up (Millis, UpMilli), and "has it
+// passed?" compares it with the server's now unrounded or rounded down.
+// A claim then never ends on the server before the client's Until, and a
+// delayed task is never due before its enqueue's send time + Delay. A task
+// due after no delay is due at the server's now rounded down: due at once
+// (no take can precede the call that made it due).
 package driver
 
 import (
@@ -23,7 +36,7 @@ import (
 // Task is a queued task as a driver returns it.
 type Task struct {
 	ID       string
-	Due      time.Time // when it is (or was) due, on the server's clock, to the millisecond
+	Due      time.Time // when it is (or was) due, on the server's clock, to the millisecond (rounded up)
 	Payload  []byte
 	Attempts int // deliveries by Claim so far
 }
@@ -164,6 +177,25 @@ func Schemes() []string {
 	}
 	slices.Sort(s)
 	return s
+}
+
+// Millis returns d in whole milliseconds, rounded up: the duration a
+// driver sends a server that counts in milliseconds.
+func Millis(d time.Duration) int64 {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return int64(ms)
+}
+
+// UpMilli returns t rounded up to the millisecond: the due time a driver
+// stores for a task due at t.
+func UpMilli(t time.Time) time.Time {
+	if r := t.Sub(t.Truncate(time.Millisecond)); r > 0 {
+		return t.Add(time.Millisecond - r)
+	}
+	return t
 }
 
 // NewToken returns a claim token: 128 random bits in hex.
