@@ -3,7 +3,7 @@
 //
 // # Open a Locker
 //
-// Link the driver in with a blank import and open a URL:
+// Link the driver in with a blank import and [Open] a URL:
 //
 //	import _ "github.com/dlock/dlock/redis"
 //
@@ -13,7 +13,7 @@
 //
 // Or build one on a client the application already has, with the driver's
 // New: redis.New(client, opts), etcd.New(client, opts), zookeeper.New(conn,
-// opts), postgres.New(pool, opts), redlock.New(clients, opts). A Locker is
+// opts), postgres.New(pool, opts), redlock.New(clients, opts). A [Locker] is
 // safe for concurrent use; one per process and backend is the usual shape.
 //
 // # Take a lock
@@ -22,30 +22,32 @@
 //	if err != nil { … }        // errors.Is(err, dlock.ErrNotAcquired) when ctx ended first
 //	defer lease.Release(ctx)   // removes only this lease's lock
 //
-// Acquire waits until the lock is granted or ctx ends; TryAcquire makes one
-// attempt and returns an error matching ErrNotAcquired when someone else
-// holds the lock. Options (nil for the Locker's defaults) set the TTL, the
-// refresh watchdog and the retry delays of drivers that poll.
+// [Locker.Acquire] waits until the lock is granted or ctx ends;
+// [Locker.TryAcquire] makes one attempt and returns an error matching
+// [ErrNotAcquired] when someone else holds the lock. [Options] (nil for the
+// Locker's defaults) set the TTL, the refresh watchdog and the retry delays
+// of drivers that poll.
 //
 // # Fence what you protect
 //
-// A lease is exclusive while it is valid, until ValidUntil. No lock with a
-// TTL can stop a holder that pauses (GC, SIGSTOP, a VM migration) past its
-// ValidUntil from waking up and writing: pass lease.Fence() with every write,
-// and let the storage refuse a token lower than the highest it has seen.
-// Capabilities().Fencing says whether the backend makes tokens.
+// A lease is exclusive while it is valid, until [Lease.ValidUntil]. No lock
+// with a TTL can stop a holder that pauses (GC, SIGSTOP, a VM migration) past
+// its ValidUntil from waking up and writing: pass [Lease.Fence] with every
+// write, and let the storage refuse a token lower than the highest it has
+// seen. [Locker.Capabilities] says whether the backend makes tokens
+// (Fencing).
 //
 // # Hear about loss
 //
 // The watchdog refreshes the lock every TTL/3. When the lock is lost —
 // expired, taken over, its session or connection gone, or not refreshed
-// before ValidUntil — the lease says so: Done is closed, Err matches ErrLost
-// and Context is cancelled. Run the work under lease.Context(). Loss is
-// always reported this way, never only logged.
+// before ValidUntil — the lease says so: [Lease.Done] is closed, [Lease.Err]
+// matches [ErrLost] and [Lease.Context] is cancelled. Run the work under
+// lease.Context(). Loss is always reported this way, never only logged.
 //
 // # Do
 //
-// Do wraps the whole pattern: acquire, run fn with the lease and a context
+// [Do] wraps the whole pattern: acquire, run fn with the lease and a context
 // that ends if the lease is lost, release:
 //
 //	err := dlock.Do(ctx, locker, "migrate", nil, func(ctx context.Context, lease *dlock.Lease) error {
@@ -55,9 +57,10 @@
 //
 // # Semaphores, read/write locks, leader election
 //
-// The same leases, for other shapes of exclusion, on every backend whose
-// Capabilities declare them (Semaphore, RWLock; elections need Metadata and
-// Fencing); an unsupported one fails at creation with errors.ErrUnsupported:
+// The same leases, for other shapes of exclusion ([Locker.Semaphore],
+// [Locker.RWLock], [Locker.Elect]), on every backend whose [Capabilities]
+// declare them (Semaphore, RWLock; elections need Metadata and Fencing); an
+// unsupported one fails at creation with [errors.ErrUnsupported]:
 //
 //	sem, err := locker.Semaphore("encoders", 3)   // at most 3 permits at once
 //	permit, err := sem.Acquire(ctx, nil)         // a *Lease: Done, Fence, Release…
@@ -69,18 +72,19 @@
 //	run(lead.Context())                           // ends when leadership is lost
 //	who, err := locker.Leader(ctx, "controller") // who leads, and the term (its fence)
 //
-// Semaphore holders must agree on the limit (ErrLimitMismatch otherwise). A
+// Semaphore holders must agree on the limit ([ErrLimitMismatch] otherwise). A
 // waiting writer keeps new readers out. An election is the lock of that name,
 // its leader's candidate id stored as the lock's metadata; the term is the
 // fence, which strictly increases from leader to leader.
 //
 // # Errors
 //
-// Match with errors.Is: ErrNotAcquired (busy, or the wait ended), ErrNotHeld
-// (ErrLost, ErrReleased), ErrClosed, ErrInvalid (bad input, reported before
-// any I/O), ErrGrantExpired (granted, but the reply came too late for the
-// TTL: not busy), ErrLimitMismatch (a semaphore asked for under another
-// limit than its holders'). Credentials from URLs never appear in errors.
+// Match with [errors.Is]: [ErrNotAcquired] (busy, or the wait ended),
+// [ErrNotHeld] ([ErrLost], [ErrReleased]), [ErrClosed], [ErrInvalid] (bad
+// input, reported before any I/O), [ErrGrantExpired] (granted, but the reply
+// came too late for the TTL: not busy), [ErrLimitMismatch] (a semaphore asked
+// for under another limit than its holders'). Credentials from URLs never
+// appear in errors.
 //
 // # Choosing a backend
 //
@@ -95,7 +99,8 @@
 //     and breakable from psql.
 //   - memory (mem://): tests of code that uses locks, in one process.
 //
-// Each driver's package doc states its URL, guarantees and layout. Driver
-// authors start at package github.com/dlock/dlock/driver and prove their
-// driver with package github.com/dlock/dlock/conformance.
+// Each driver's package doc states its URL, guarantees and layout, and links
+// the driver's design document (DESIGN.md beside its code). Driver authors
+// start at package [github.com/dlock/dlock/driver] and prove their driver
+// with package [github.com/dlock/dlock/conformance].
 package dlock

@@ -3,8 +3,6 @@ module github.com/dlock/dlock
 go 1.26.0
 
 require (
-	github.com/bsm/redislock v0.10.0
-	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0

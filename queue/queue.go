@@ -223,8 +223,7 @@ func tasks(ts []driver.Task) []Task {
 	return out
 }
 
-// Peek returns up to n due tasks in due order without taking them (the
-// seeds' top).
+// Peek returns up to n due tasks in due order without taking them.
 func (q *Queue) Peek(ctx context.Context, n int) ([]Task, error) {
 	if err := checkN(n); err != nil {
 		return nil, err
@@ -391,8 +390,8 @@ func (c *Claim) Until() time.Time {
 	return c.until
 }
 
-// Ack removes the task if this claim is still current (the seeds'
-// dequeue(id, score)); otherwise it changes nothing and returns
+// Ack removes the task if this claim is still current; otherwise it
+// changes nothing and returns
 // ErrClaimLost: the task has been or will be delivered again.
 func (c *Claim) Ack(ctx context.Context) error {
 	if err := c.q.c.check(); err != nil {
@@ -444,8 +443,8 @@ func lost(ok bool, err error, id string) error {
 }
 
 // Delete removes the task id if it is not claimed and is still due at due
-// (as Peek or a Task returned it): the seeds' compare-and-remove, which
-// leaves a task that was enqueued again meanwhile. It reports whether it
+// (as Peek or a Task returned it): a compare-and-remove, which leaves a
+// task that was enqueued again meanwhile. It reports whether it
 // removed it.
 func (q *Queue) Delete(ctx context.Context, id string, due time.Time) (bool, error) {
 	if err := dlock.ValidateName(id); err != nil {

@@ -89,9 +89,7 @@ const defaultPort = "6379"
 // every node and the driver's options, without any network I/O. Every error
 // matches dlock.ErrInvalid and leaves the URL's password out.
 //
-// The TLS parameters are handled as the redis driver handles them for
-// rediss:// URLs (redis/url.go); the code is repeated here by design, so that
-// neither driver exports its URL internals.
+// The TLS parameters are those of the redis driver's rediss:// URLs.
 func ParseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	if u.Scheme != "redlock" && u.Scheme != "redlocks" {
 		return nil, nil, invalid("scheme %q is not redlock or redlocks", u.Scheme)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command: prepares Docker (scripts/docker-setup.sh), checks gofmt and
-# go vet, then runs every test with the race detector against real servers.
+# go vet, then runs every test of every module in go.work (the library, the
+# tests module, cmd/dlock, examples, otel) with the race detector against
+# real servers.
 # DLOCK_REQUIRE_BACKENDS defaults to 1 here, so a test that cannot get its server
 # fails instead of skipping. Extra arguments go to `go test`, e.g.
 #   scripts/test.sh -run Conformance -v
@@ -33,8 +35,11 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 
-step "go vet ./..."
-go vet ./...
+# Every module of the workspace (go.work): the pattern spans them all.
+all=github.com/dlock/dlock/...
+
+step "go vet $all"
+go vet "$all"
 
 # go.mod's go line is the oldest Go the module supports: CI proves it by
 # building and vetting (tests included) with that toolchain. The go command
@@ -44,9 +49,9 @@ go vet ./...
 # fresh machine's first run does not grow by those minutes.
 if [ "${CI:-}" = true ] || [ "${DLOCK_CHECK_MIN_GO:-}" = 1 ]; then
   min_go="go$(sed -n 's/^go //p' go.mod)"
-  step "GOTOOLCHAIN=$min_go go build ./... && go vet ./..."
-  GOTOOLCHAIN="$min_go" go build ./...
-  GOTOOLCHAIN="$min_go" go vet ./...
+  step "GOTOOLCHAIN=$min_go go build $all && go vet $all"
+  GOTOOLCHAIN="$min_go" go build "$all"
+  GOTOOLCHAIN="$min_go" go vet "$all"
 fi
 
 # The dlock binary must not link package testing (its flags, its runtime
@@ -58,12 +63,6 @@ if go list -deps ./cmd/dlock | grep -qx testing; then
   exit 1
 fi
 
-# The OpenTelemetry adapter is a module of its own (otel/), so that
-# applications importing dlock do not inherit OpenTelemetry: vet and test it
-# apart (it needs no server).
-step "otel/: go vet ./... && go test -race ./..."
-(cd otel && go vet ./... && go test -race -count=1 ./...)
-
 export DLOCK_REQUIRE_BACKENDS="${DLOCK_REQUIRE_BACKENDS:-1}"
-step "DLOCK_REQUIRE_BACKENDS=$DLOCK_REQUIRE_BACKENDS go test -race -count=1 -timeout 20m ./... $*"
-go test -race -count=1 -timeout 20m ./... "$@"
+step "DLOCK_REQUIRE_BACKENDS=$DLOCK_REQUIRE_BACKENDS go test -race -count=1 -timeout 20m $all $*"
+go test -race -count=1 -timeout 20m "$all" "$@"

@@ -5,7 +5,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/dlock/dlock/internal/bench"
+	"github.com/dlock/dlock/cmd/dlock/bench"
 	"github.com/dlock/dlock/internal/servers"
 
 	// The drivers the bench can open by URL.

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/cmd/dlock/bench"
 	"github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/bench"
 	"github.com/dlock/dlock/internal/servers"
 )
 

@@ -12,8 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dlock/dlock/cmd/dlock/bench"
 	"github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/bench"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/queue"
 )

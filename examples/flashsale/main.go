@@ -1,5 +1,5 @@
-// Command flashsale is the scenario of the articles dlock grew from: a
-// flash sale ("seckill") where many buyers race for a few items. Orders go
+// Command flashsale runs a flash sale ("seckill") where many buyers race
+// for a few items. Orders go
 // through a task queue; a pool of workers claims them and fulfils each under
 // a lock on the stock, writing with the lease's fencing token to a store
 // that refuses stale tokens. At the end it prints what was sold, what was

@@ -16,17 +16,16 @@ import (
 )
 
 const (
-	// readWake bounds each read on the pub/sub connection, so that the
+	// ReadWake bounds each read on the pub/sub connection, so that the
 	// receive loop can check for unanswered commands. It sends nothing.
-	readWake = time.Second
+	ReadWake = time.Second
 	// maxBackoff bounds the delay between reconnection attempts.
 	maxBackoff = time.Second
 )
 
-// pingIdle is how long a subscribed connection may stay silent before the
-// receive loop sends a PING to learn whether it is still alive (a variable
-// for tests).
-var pingIdle = 10 * time.Second
+// defaultPingIdle is how long a subscribed connection may stay silent before
+// the receive loop sends a PING to learn whether it is still alive.
+const defaultPingIdle = 10 * time.Second
 
 const (
 	// defaultLinger is how long a channel stays subscribed after its last
@@ -53,7 +52,7 @@ const (
 //
 // The connection lives in epochs. When it fails (a read or write error, or a
 // SUBSCRIBE, UNSUBSCRIBE or PING unanswered for confirmTimeout; a connection
-// silent for pingIdle is pinged) the epoch ends: its PubSub is closed and
+// silent for defaultPingIdle is pinged) the epoch ends: its PubSub is closed and
 // replaced by a fresh one, every watched channel is subscribed again, and
 // every waiter is woken at once and again when its channel's new
 // subscription is confirmed, since a release may have gone unheard in
@@ -71,6 +70,7 @@ type Hub struct {
 	route          func(payload string) (key string, ok bool)
 	confirmTimeout time.Duration
 	linger         time.Duration // zero: unsubscribe as soon as the last waiter leaves
+	pingIdle       time.Duration // silence after which the connection is pinged
 
 	mu          sync.Mutex
 	started     bool
@@ -134,6 +134,7 @@ func New(client goredis.UniversalClient, name string, route func(payload string)
 	h := &Hub{client: client, name: name, route: route}
 	h.confirmTimeout = confirmTimeout(client)
 	h.linger = defaultLinger
+	h.pingIdle = defaultPingIdle
 	h.chans = map[string]*watched{}
 	h.dirty = map[*watched]struct{}{}
 	h.broken = make(chan struct{})
@@ -426,7 +427,7 @@ func (h *Hub) receiveLoop() {
 			}
 			continue
 		}
-		msg, err := ps.ReceiveTimeout(h.ctx, readWake)
+		msg, err := ps.ReceiveTimeout(h.ctx, ReadWake)
 		if err == nil {
 			backoff = 0
 			h.received(epoch, msg)
@@ -526,7 +527,7 @@ func (h *Hub) check(ps *goredis.PubSub, epoch uint64) {
 		}
 		return
 	}
-	if h.subscribed == 0 || now.Sub(h.lastHeard) < pingIdle {
+	if h.subscribed == 0 || now.Sub(h.lastHeard) < h.pingIdle {
 		h.mu.Unlock()
 		return
 	}
@@ -618,3 +619,23 @@ func GlobEscape(s string) string {
 	}
 	return b.String()
 }
+
+// Stats is a snapshot of a Hub's state, for tests of its mechanics.
+type Stats struct {
+	Channels    int       // channels with state (watched or lingering)
+	Lingering   int       // channels kept subscribed without waiters
+	Outstanding int       // commands sent this epoch and not yet answered
+	Epoch       uint64    // connections started after the first
+	LastHeard   time.Time // last reply this epoch
+}
+
+// Stats returns a snapshot of h's state.
+func (h *Hub) Stats() Stats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return Stats{Channels: len(h.chans), Lingering: h.lingering, Outstanding: h.outstanding, Epoch: h.epoch, LastHeard: h.lastHeard}
+}
+
+// SetPingIdle sets how long a subscribed connection may stay silent before it
+// is pinged (default 10s), for tests; call it before the first Watch.
+func (h *Hub) SetPingIdle(d time.Duration) { h.pingIdle = d }
