@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -17,7 +16,6 @@ import (
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -124,25 +122,32 @@ type taskDriver struct {
 
 func (d *taskDriver) Ping(ctx context.Context) error { return d.ensure(ctx) }
 
-// ensure creates the table when missing, once.
+// ensure creates the table when missing, once per driver. It asks the
+// catalog first and runs the DDL only when the table or its index is
+// missing: CREATE INDEX IF NOT EXISTS takes a SHARE lock on the table before
+// it finds the index there, which waits for every writing transaction and
+// holds every later one up behind it (new Clients, each asking once with
+// a short ctx, kept the table's writers waiting so). Clients creating the
+// table at once would collide ("relation already exists", or a unique
+// violation in the catalog), so the DDL runs under an advisory lock of the
+// table's (ddlKey), held to its commit: the statements are one implicit
+// transaction.
 func (d *taskDriver) ensure(ctx context.Context) error {
 	d.ddlMu.Lock()
 	defer d.ddlMu.Unlock()
 	if d.ddlOK {
 		return nil
 	}
-	var err error
-	for range 3 { // concurrent CREATE ... IF NOT EXISTS may collide
-		if _, err = d.pool.Exec(ctx, d.sql.Replace(tasksDDL)); err == nil {
-			d.ddlOK = true
-			return nil
-		}
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) || pe.Code != "23505" {
-			break
-		}
+	var exists bool
+	err := d.pool.QueryRow(ctx, d.q(`SELECT to_regclass('dlock_tasks') IS NOT NULL AND to_regclass('dlock_tasks_state_due') IS NOT NULL`)).Scan(&exists)
+	if err == nil && !exists {
+		_, err = d.pool.Exec(ctx, d.q(`SELECT pg_advisory_xact_lock(`+ddlKey+`);`)+d.q(tasksDDL))
 	}
-	return fmt.Errorf("postgres: creating the task table %s: %w", d.table, err)
+	if err != nil {
+		return fmt.Errorf("postgres: creating the task table %s: %w", d.table, err)
+	}
+	d.ddlOK = true
+	return nil
 }
 
 // dueExpr is what a due time or deadline is counted from: the statement's
@@ -438,6 +443,8 @@ const current = `queue = $1 AND id = $2 AND state = 1 AND token = $3 AND due > n
 const (
 	waitersKey = `hashtextextended('dlock_tasks', 5)`
 	barrierKey = `hashtextextended('dlock_tasks', 6)`
+	// ddlKey serialises the creation of the table (ensure).
+	ddlKey = `hashtextextended('dlock_tasks', 7)`
 	// waitersTest takes barrierKey for the transaction, then tests
 	// waitersKey: true when some session holds it (a listener, or another
 	// change testing it at that instant). CASE evaluates in order.
