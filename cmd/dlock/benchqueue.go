@@ -16,6 +16,9 @@ import (
 	"github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/internal/servers"
 	"github.com/dlock/dlock/queue"
+
+	// The queue backends the bench can open by URL.
+	_ "github.com/dlock/dlock/queue/memqueue"
 )
 
 // queueBackends are the backends with a task-queue driver, and their floors.

@@ -1,40 +1,74 @@
-package memory
+package memqueue
 
 import (
 	"context"
 	"net/url"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
+	"weak"
 
+	"github.com/dlock/dlock/memory"
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
 )
 
 func init() {
 	qdriver.Register("mem", func(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
-		s, _, err := ParseURL(u)
+		s, _, err := memory.ParseURL(u)
 		if err != nil {
 			return nil, err
 		}
-		return &taskDriver{s: s, link: NewLink()}, nil
+		return &taskDriver{s: stateOf(s), link: memory.NewLink()}, nil
 	})
 }
 
 // NewQueue returns a task-queue Client on the store s (nil: the default
 // store), the in-process reference for package queue: what mem:// URLs
 // open. Link, as for locks, lets tests partition or reset it.
-func NewQueue(s *Store, link *Link) *queue.Client {
+func NewQueue(s *memory.Store, link *memory.Link) *queue.Client {
 	if s == nil {
-		s = NamedStore("")
+		s = memory.NamedStore("")
 	}
 	if link == nil {
-		link = NewLink()
+		link = memory.NewLink()
 	}
-	return queue.New(&taskDriver{s: s, link: link})
+	return queue.New(&taskDriver{s: stateOf(s), link: link})
 }
 
-// taskQueue is one queue's state in a Store, under the Store's lock.
+// store is the task queues of one memory.Store.
+type store struct {
+	mu     sync.Mutex
+	queues map[string]*taskQueue
+}
+
+// stores holds the task queues of each memory.Store that has any, for as
+// long as the Store is reachable.
+var (
+	storesMu sync.Mutex
+	stores   = map[weak.Pointer[memory.Store]]*store{}
+)
+
+// stateOf returns the task queues of s.
+func stateOf(s *memory.Store) *store {
+	storesMu.Lock()
+	defer storesMu.Unlock()
+	k := weak.Make(s)
+	st := stores[k]
+	if st == nil {
+		st = &store{queues: map[string]*taskQueue{}}
+		stores[k] = st
+		runtime.AddCleanup(s, func(k weak.Pointer[memory.Store]) {
+			storesMu.Lock()
+			defer storesMu.Unlock()
+			delete(stores, k)
+		}, k)
+	}
+	return st
+}
+
+// taskQueue is one queue's state in a store, under the store's lock.
 type taskQueue struct {
 	tasks    map[string]*memTask
 	watchers map[chan struct{}]struct{}
@@ -53,15 +87,12 @@ type memTask struct {
 func (t *memTask) waiting() bool { return t.token == "" && t.dead.IsZero() }
 
 type taskDriver struct {
-	s    *Store
-	link *Link
+	s    *store
+	link *memory.Link
 }
 
 // q returns the named queue, creating it; s.mu held.
 func (d *taskDriver) q(name string) *taskQueue {
-	if d.s.queues == nil {
-		d.s.queues = map[string]*taskQueue{}
-	}
 	q := d.s.queues[name]
 	if q == nil {
 		q = &taskQueue{tasks: map[string]*memTask{}, watchers: map[chan struct{}]struct{}{}}
@@ -74,7 +105,7 @@ func (d *taskDriver) q(name string) *taskQueue {
 // the store's clock, unrounded: due times and deadlines are compared with
 // it as they are, and counted from it with after.
 func (d *taskDriver) do(ctx context.Context, name string, op func(q *taskQueue, now time.Time)) error {
-	return d.link.do(ctx, func() error {
+	return d.link.Do(ctx, func() error {
 		d.s.mu.Lock()
 		defer d.s.mu.Unlock()
 		op(d.q(name), time.Now())
@@ -342,7 +373,7 @@ func (d *taskDriver) Requeue(ctx context.Context, name, id string, delay time.Du
 
 func (d *taskDriver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
 	c := make(chan struct{}, 1)
-	err := d.link.do(ctx, func() error {
+	err := d.link.Do(ctx, func() error {
 		d.s.mu.Lock()
 		defer d.s.mu.Unlock()
 		d.q(name).watchers[c] = struct{}{}
@@ -365,7 +396,8 @@ func (d *taskDriver) Close() error { return nil }
 
 // QueuedIDs lists the ids of every task the store keeps for the queue (due,
 // delayed, claimed or dead), for tests.
-func (s *Store) QueuedIDs(queue string) []string {
+func QueuedIDs(ms *memory.Store, queue string) []string {
+	s := stateOf(ms)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ids []string
