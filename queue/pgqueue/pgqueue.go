@@ -1,4 +1,4 @@
-package postgres
+package pgqueue
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/postgres"
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
 	"github.com/jackc/pgx/v5"
@@ -66,7 +67,7 @@ func openTasks(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
 	q.Del("queue_table")
 	rest := *u
 	rest.RawQuery = q.Encode()
-	cfg, _, err := ParseURL(&rest)
+	cfg, _, err := postgres.ParseURL(&rest)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +89,7 @@ func newTaskDriver(pool *pgxpool.Pool, opts *QueueOptions, owns bool) (*taskDriv
 		table = opts.Table
 	}
 	if !identRE.MatchString(table) {
-		return nil, invalid("queue table %q: want a lower-case identifier, optionally schema-qualified", table)
+		return nil, fmt.Errorf("%w: postgres: queue table %q: want a lower-case identifier, optionally schema-qualified", dlock.ErrInvalid, table)
 	}
 	d := &taskDriver{pool: pool, owns: owns, table: table, watchers: map[string]map[chan struct{}]struct{}{}}
 	d.sql = strings.NewReplacer("dlock_tasks", table)
@@ -109,7 +110,7 @@ type taskDriver struct {
 	ddlMu sync.Mutex
 	ddlOK bool
 
-	due dueWakes // the due times of waiting Claims and Pops (tasks_due.go)
+	due dueWakes // the due times of waiting Claims and Pops (due.go)
 
 	wmu      sync.Mutex
 	watchers map[string]map[chan struct{}]struct{} // by queue
@@ -406,8 +407,8 @@ const current = `queue = $1 AND id = $2 AND state = 1 AND token = $3 AND due > n
 // sender a transaction, and PostgreSQL serialises the commits of notifying
 // transactions; so a change that makes a task due notifies only when some
 // Client is listening on the table, which the change learns from two
-// advisory locks (bigint keys, in the table's database; see doc.go's
-// Layout):
+// advisory locks (bigint keys, in the table's database; see queue/DESIGN.md,
+// PostgreSQL):
 //
 //   - waitersKey: every Client's listening connection holds it shared for
 //     as long as it listens, taken after its LISTEN has committed;

@@ -1,4 +1,4 @@
-package postgres_test
+package pgqueue_test
 
 import (
 	"context"
@@ -8,9 +8,9 @@ import (
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/postgres"
 	"github.com/dlock/dlock/queue"
 	qconf "github.com/dlock/dlock/queue/conformance"
+	"github.com/dlock/dlock/queue/pgqueue"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -35,7 +35,7 @@ func (h queueHarness) NewClient(t *testing.T) (*queue.Client, conformance.Faults
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	c, err := postgres.NewQueue(pool, nil)
+	c, err := pgqueue.NewQueue(pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

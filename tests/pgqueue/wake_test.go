@@ -1,4 +1,4 @@
-package postgres_test
+package pgqueue_test
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/servers"
-	"github.com/dlock/dlock/postgres"
 	"github.com/dlock/dlock/queue"
+	"github.com/dlock/dlock/queue/pgqueue"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -36,7 +36,7 @@ func wakeTable(t *testing.T, addr string) (string, *pgxpool.Pool) {
 
 func newTaskQueue(t *testing.T, pool *pgxpool.Pool, table, name string) *queue.Queue {
 	t.Helper()
-	c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+	c, err := pgqueue.NewQueue(pool, &pgqueue.QueueOptions{Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestNoMissedWakeups(t *testing.T) {
 		producer := newTaskQueue(t, pool, table, fmt.Sprintf("%s-%d", uniqueName(t), p))
 		wg.Go(func() {
 			for i := range rounds {
-				c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+				c, err := pgqueue.NewQueue(pool, &pgqueue.QueueOptions{Table: table})
 				if err != nil {
 					t.Error(err)
 					return
@@ -287,7 +287,7 @@ func TestNackAndRequeueWake(t *testing.T) {
 	name := uniqueName(t)
 	a := newTaskQueue(t, pool, table, name)
 	watch := rawConn(t, srv.Addr())
-	c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+	c, err := pgqueue.NewQueue(pool, &pgqueue.QueueOptions{Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
