@@ -32,6 +32,7 @@ import (
 	_ "github.com/dlock/dlock/postgres"
 	_ "github.com/dlock/dlock/queue/memqueue"
 	_ "github.com/dlock/dlock/queue/pgqueue"
+	_ "github.com/dlock/dlock/queue/redisqueue"
 	_ "github.com/dlock/dlock/redis"
 )
 
