@@ -371,11 +371,12 @@ func testConcurrentWorkers(s *suite) {
 		errs    = make(chan error, workers)
 	)
 	left.Store(tasks)
+	start := time.Now()
 	for w := range workers {
 		c, _ := s.client()
 		q := s.same(c, qp, nil)
 		wg.Go(func() {
-			for left.Load() > 0 {
+			for left.Load() > 0 && s.ctx.Err() == nil {
 				ctx, cancel := context.WithTimeout(s.ctx, 500*time.Millisecond)
 				cs, err := q.ClaimWait(ctx, 10, time.Minute)
 				cancel()
@@ -412,6 +413,9 @@ func testConcurrentWorkers(s *suite) {
 	close(errs)
 	for err := range errs {
 		s.t.Error(err)
+	}
+	if s.ctx.Err() != nil {
+		s.t.Fatalf("%d of %d tasks not acked in %v", left.Load(), tasks, time.Since(start).Round(time.Second))
 	}
 	if len(acked) != tasks {
 		s.t.Fatalf("%d distinct tasks acked, want %d", len(acked), tasks)
