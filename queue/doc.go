@@ -18,11 +18,17 @@
 //		cl.Ack(ctx) // removes the task, unless the claim ran out meanwhile (ErrClaimLost)
 //	}
 //
-// Import the driver's package for its scheme: dlock/redis (redis://,
-// rediss://; also a Redis Cluster through redis.NewQueue), dlock/postgres
-// (postgres://, postgresql://), dlock/memory (mem://). etcd and ZooKeeper
-// are not queue backends: they are built to coordinate, not to hold a
-// backlog of tasks.
+// Import the backend's package for its scheme, as database/sql's drivers
+// are imported: [github.com/dlock/dlock/queue/redisqueue] (redis://,
+// rediss://; also a Redis Cluster through redisqueue.NewQueue),
+// [github.com/dlock/dlock/queue/pgqueue] (postgres://, postgresql://),
+// [github.com/dlock/dlock/queue/memqueue] (mem://):
+//
+//	import _ "github.com/dlock/dlock/queue/redisqueue"
+//
+// The lock drivers (dlock/redis, dlock/postgres, dlock/memory) do not link
+// the queue. etcd and ZooKeeper are not queue backends: they are built to
+// coordinate, not to hold a backlog of tasks.
 //
 // # Semantics
 //

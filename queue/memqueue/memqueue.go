@@ -396,8 +396,8 @@ func (d *taskDriver) Close() error { return nil }
 
 // QueuedIDs lists the ids of every task the store keeps for the queue (due,
 // delayed, claimed or dead), for tests.
-func QueuedIDs(ms *memory.Store, queue string) []string {
-	s := stateOf(ms)
+func QueuedIDs(store *memory.Store, queue string) []string {
+	s := stateOf(store)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ids []string
