@@ -356,19 +356,23 @@ func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, arg
 }
 
 // The operations on due tasks, for takeSQL: $2 is n, $4 the claim token's
-// prefix, $5 the visibility in ms.
+// prefix, $5 the visibility in ms. Pop and Claim pick their rows in a
+// MATERIALIZED CTE, evaluated once: as a subquery joined to the table, the
+// pick may be the inner side of a nested loop, run again for each row, and
+// each run skips the rows the statement has already changed (a row
+// locked and changed by its own statement is passed over) and picks the
+// next ones: Pop(3) took 4 tasks so.
 const (
 	peekOp = `SELECT id, (extract(epoch from due) * 1000)::bigint AS due_ms, attempts, payload, token FROM dlock_tasks
 		WHERE queue = $1 AND state = 0 AND due <= now() ORDER BY due, id LIMIT $2`
-	popOp = `DELETE FROM dlock_tasks t USING (
-		  SELECT id FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
-		  ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) c
+	pickDue = `WITH c AS MATERIALIZED (SELECT id, due FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
+		  ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) `
+	popOp = pickDue + `DELETE FROM dlock_tasks t USING c
 		WHERE t.queue = $1 AND t.id = c.id
 		RETURNING t.id, (extract(epoch from t.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token`
-	claimOp = `UPDATE dlock_tasks t SET state = 1, attempts = t.attempts + 1,
+	claimOp = pickDue + `UPDATE dlock_tasks t SET state = 1, attempts = t.attempts + 1,
 		  token = $4 || ':' || t.id, due = ` + dueExpr + ` + $5::bigint * interval '1 millisecond'
-		FROM (SELECT id, due FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
-		      ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) c
+		FROM c
 		WHERE t.queue = $1 AND t.id = c.id
 		RETURNING t.id, (extract(epoch from c.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token`
 )
