@@ -32,7 +32,7 @@ func Open(ctx context.Context, rawURL string) (*Locker, error) {
 	if u.Scheme == "" {
 		return nil, fmt.Errorf("%w: lock URL %q has no scheme; registered: %s", ErrInvalid, driver.RedactURL(u), strings.Join(driver.Schemes(), ", "))
 	}
-	open, _ := registry.Lookup(u.Scheme).(driver.OpenFunc)
+	open, _ := registry.Lookup(registry.Lock, u.Scheme).(driver.OpenFunc)
 	if open == nil {
 		return nil, fmt.Errorf("%w: no driver for scheme %q (forgotten import?); registered: %s",
 			ErrInvalid, u.Scheme, strings.Join(driver.Schemes(), ", "))

@@ -20,8 +20,8 @@ type OpenFunc func(ctx context.Context, u *url.URL) (Driver, error)
 // it from init. It panics if scheme is registered twice or open is nil, as
 // database/sql.Register does.
 func Register(scheme string, open OpenFunc) {
-	registry.Register(scheme, open, open == nil)
+	registry.Register(registry.Lock, scheme, open, open == nil)
 }
 
 // Schemes lists the registered URL schemes, sorted.
-func Schemes() []string { return registry.Schemes() }
+func Schemes() []string { return registry.Schemes(registry.Lock) }

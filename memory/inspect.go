@@ -11,7 +11,7 @@ import (
 // Inspect describes name as the store holds it (dlockdriver.Inspector).
 func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo, error) {
 	info := dlockdriver.LockInfo{Name: name, TTL: -1}
-	err := d.link.do(ctx, func() error {
+	err := d.link.Do(ctx, func() error {
 		s := d.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -31,7 +31,7 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 // (dlockdriver.Lister).
 func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
 	var names []string
-	err := d.link.do(ctx, func() error {
+	err := d.link.Do(ctx, func() error {
 		s := d.s
 		s.mu.Lock()
 		defer s.mu.Unlock()

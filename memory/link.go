@@ -59,11 +59,13 @@ func (l *Link) SetLatency(d time.Duration) {
 	l.latency = d
 }
 
-// do sends the request op across the link and waits for its reply. A
+// Do sends the request op across the link and waits for its reply. A
 // delayed request is in flight: it reaches the store (op runs) even if the
 // caller gives up meanwhile, as a request in a real network would; the
 // reply is delayed as much again. A partitioned request never arrives.
-func (l *Link) do(ctx context.Context, op func() error) error {
+// Drivers of other kinds on a Store (package queue/memqueue) send their
+// requests with it.
+func (l *Link) Do(ctx context.Context, op func() error) error {
 	l.mu.Lock()
 	latency, hole, resets := l.latency, l.hole, l.resets
 	l.mu.Unlock()

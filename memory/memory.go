@@ -67,7 +67,6 @@ type Store struct {
 	locks    map[string]*entry
 	fence    uint64
 	watchers map[string]map[chan struct{}]struct{}
-	queues   map[string]*taskQueue // task queues (see NewQueue)
 	sems     map[string]*semaphore
 	rws      map[string]*rwlock
 }
@@ -173,7 +172,7 @@ func (d *driver) Close() error { return nil }
 
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	var fence uint64
-	err := d.link.do(ctx, func() error {
+	err := d.link.Do(ctx, func() error {
 		s := d.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -242,7 +241,7 @@ func (h *handle) mine(now time.Time) *entry {
 }
 
 func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
-	return ttl, h.d.link.do(ctx, func() error {
+	return ttl, h.d.link.Do(ctx, func() error {
 		s := h.d.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -257,7 +256,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 }
 
 func (h *handle) Release(ctx context.Context) error {
-	return h.d.link.do(ctx, func() error {
+	return h.d.link.Do(ctx, func() error {
 		s := h.d.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -282,7 +281,7 @@ func (h *handle) Release(ctx context.Context) error {
 
 func (h *handle) Held(ctx context.Context) (bool, error) {
 	var held bool
-	err := h.d.link.do(ctx, func() error {
+	err := h.d.link.Do(ctx, func() error {
 		h.d.s.mu.Lock()
 		defer h.d.s.mu.Unlock()
 		held = h.mine(time.Now()) != nil
@@ -318,7 +317,7 @@ func (d *driver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle, ttls
 		granted []time.Duration
 		errs    []error
 	)
-	err := d.link.do(ctx, func() error {
+	err := d.link.Do(ctx, func() error {
 		g, e := make([]time.Duration, len(hs)), make([]error, len(hs))
 		s := d.s
 		s.mu.Lock()

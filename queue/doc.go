@@ -18,11 +18,17 @@
 //		cl.Ack(ctx) // removes the task, unless the claim ran out meanwhile (ErrClaimLost)
 //	}
 //
-// Import the driver's package for its scheme: dlock/redis (redis://,
-// rediss://; also a Redis Cluster through redis.NewQueue), dlock/postgres
-// (postgres://, postgresql://), dlock/memory (mem://). etcd and ZooKeeper
-// are not queue backends: they are built to coordinate, not to hold a
-// backlog of tasks.
+// Import the backend's package for its scheme, as database/sql's drivers
+// are imported: [github.com/dlock/dlock/queue/redisqueue] (redis://,
+// rediss://; also a Redis Cluster through redisqueue.NewQueue),
+// [github.com/dlock/dlock/queue/pgqueue] (postgres://, postgresql://),
+// [github.com/dlock/dlock/queue/memqueue] (mem://):
+//
+//	import _ "github.com/dlock/dlock/queue/redisqueue"
+//
+// The lock drivers (dlock/redis, dlock/postgres, dlock/memory) do not link
+// the queue. etcd and ZooKeeper are not queue backends: they are built to
+// coordinate, not to hold a backlog of tasks.
 //
 // # Semantics
 //
@@ -33,7 +39,8 @@
 //     Replace (payload and due time) or Reschedule (due time) it; the result
 //     says which happened. Either ends a current claim on it.
 //   - Due times are the server's clock: a task is never delivered before it
-//     is due, whatever the clients' clocks say.
+//     is due, whatever the clients' clocks say, nor, delayed, before its
+//     enqueue's send time + Delay (due times are rounded up to the ms).
 //   - [Queue.Peek] shows due tasks in due order; [Queue.Pop] takes them at
 //     once (at most once: a worker that crashes after Pop has lost them).
 //   - [Queue.Claim] takes them for a visibility timeout (at least once):
@@ -42,7 +49,9 @@
 //     with its Attempts raised; after [Options].MaxAttempts deliveries it is
 //     dead-lettered ([Queue.Dead] lists, [Queue.Requeue] moves back). No two
 //     claims on one task are current at once. [Claim.Until] is counted from
-//     when the request was sent, so the server's deadline is no earlier.
+//     before the request was sent and rounded down, the server's deadline
+//     from its receipt and rounded up, so the server's deadline is no
+//     earlier.
 //   - [Queue.Delete](id, due) is a compare-and-remove: it removes a waiting
 //     task only if it is still due at the time the caller read.
 //   - [Queue.PopWait] and [Queue.ClaimWait] block until a task is there,

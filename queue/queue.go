@@ -132,7 +132,8 @@ func (q *Queue) Name() string { return q.name }
 type Task struct {
 	ID string
 	// Due is when the task is (or was) due, on the server's clock, to the
-	// millisecond.
+	// millisecond (rounded up: a task enqueued with a Delay is due no
+	// sooner than the enqueue's send time + Delay).
 	Due     time.Time
 	Payload []byte
 	// Attempts counts its deliveries by Claim, this one included.
@@ -309,9 +310,19 @@ func (q *Queue) claim(ctx context.Context, n int, visibility time.Duration) ([]*
 	}
 	out := make([]*Claim, len(cs))
 	for i, c := range cs {
-		out[i] = &Claim{Task: Task(c.Task), q: q, token: c.Token, until: sent.Add(visibility)}
+		out[i] = &Claim{Task: Task(c.Task), q: q, token: c.Token, until: until(sent, visibility)}
 	}
 	return out, wait, nil
+}
+
+// until is a claim's Until: counted from sent, read before the request was
+// sent, with the visibility rounded down to the millisecond. The server
+// counts its deadline from its now (later than sent) rounded up, with the
+// visibility rounded up (see package queue/driver's Rounding), so its
+// deadline is never earlier, and no other client can claim the task
+// before Until.
+func until(sent time.Time, visibility time.Duration) time.Time {
+	return sent.Add(visibility.Truncate(time.Millisecond))
 }
 
 // maxWait bounds one wait between attempts when the server names no next
@@ -364,8 +375,10 @@ type Claim struct {
 }
 
 // Until is when the claim runs out unless extended, on this process's
-// clock (counted from when the Claim request was sent, so the server's
-// deadline is no earlier).
+// clock: counted from before the Claim (or Extend) request was sent, with
+// the visibility rounded down to the millisecond, while the server counts
+// from its receipt and rounds up, so the server's deadline is no earlier
+// and no other client claims the task before Until.
 func (c *Claim) Until() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -395,7 +408,7 @@ func (c *Claim) Extend(ctx context.Context, d time.Duration) error {
 	ok, err := c.q.c.d.Extend(ctx, c.q.name, c.ID, c.token, d)
 	if err = lost(ok, err, c.ID); err == nil {
 		c.mu.Lock()
-		c.until = sent.Add(d)
+		c.until = until(sent, d)
 		c.mu.Unlock()
 	}
 	return err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/redisclient"
 	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -86,7 +87,7 @@ type Options struct {
 // need every client to agree on where a name lives; use a Redis Cluster (or
 // Redlock over independent servers) instead.
 func New(client goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
-	if err := checkClient(client); err != nil {
+	if err := redisclient.Check(client); err != nil {
 		return nil, err
 	}
 	d := newDriver(client, opts, false)
@@ -94,34 +95,6 @@ func New(client goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
 		return dlock.New(d, &d.defaults)
 	}
 	return dlock.New(&queueDriver{d}, &d.defaults)
-}
-
-// checkClient refuses the clients New cannot use correctly (see New).
-// Other implementations of UniversalClient are taken on trust.
-func checkClient(client goredis.UniversalClient) error {
-	var ctxTimeouts bool
-	switch c := client.(type) {
-	case nil:
-		return fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
-	case *goredis.Ring:
-		return fmt.Errorf("%w: redis: a *redis.Ring is not supported: it shards keys on the client's side and moves them when a shard misses a health check, so two holders could take one lock; use a Redis Cluster (*redis.ClusterClient) or one server", dlock.ErrInvalid)
-	case *goredis.Client:
-		if c == nil {
-			return fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
-		}
-		ctxTimeouts = c.Options().ContextTimeoutEnabled
-	case *goredis.ClusterClient:
-		if c == nil {
-			return fmt.Errorf("%w: redis: nil client", dlock.ErrInvalid)
-		}
-		ctxTimeouts = c.Options().ContextTimeoutEnabled
-	default:
-		return nil
-	}
-	if !ctxTimeouts {
-		return fmt.Errorf("%w: redis: the client ignores context deadlines: set ContextTimeoutEnabled: true in its Options (the Locker bounds every call with a context)", dlock.ErrInvalid)
-	}
-	return nil
 }
 
 func newDriver(client goredis.UniversalClient, opts *Options, ownsClient bool) *driver {

@@ -59,7 +59,7 @@ Compares lock backends, each through its dlock driver and through the
 backend's raw-client floor (the minimal client calls with no library),
 the two taking turns in the same run (-rounds). Backends: %s.
 Servers are started in Docker on 127.0.0.1 and removed afterwards, unless
--url names one (or DLOCK_<KIND>_ADDR does; see internal/servers). On a
+-url names one (or DLOCK_<KIND>_ADDR does; see package dlocktest). On a
 server given by -url, the bench takes locks named dlock-bench:<run>:…; the
 redis and redlock drivers' fencing counters for those names stay behind.
 

@@ -16,6 +16,11 @@ import (
 	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/queue"
+
+	// The queue backends the bench can open by URL.
+	_ "github.com/dlock/dlock/queue/memqueue"
+	_ "github.com/dlock/dlock/queue/pgqueue"
+	_ "github.com/dlock/dlock/queue/redisqueue"
 )
 
 // queueBackends are the backends with a task-queue driver, and their floors.

@@ -30,6 +30,9 @@ import (
 
 	_ "github.com/dlock/dlock/memory"
 	_ "github.com/dlock/dlock/postgres"
+	_ "github.com/dlock/dlock/queue/memqueue"
+	_ "github.com/dlock/dlock/queue/pgqueue"
+	_ "github.com/dlock/dlock/queue/redisqueue"
 	_ "github.com/dlock/dlock/redis"
 )
 

@@ -27,16 +27,30 @@ type Harness interface {
 	Residue(ctx context.Context, queue string) ([]string, error)
 }
 
-// subtestTimeout bounds each subtest.
-const subtestTimeout = 2 * time.Minute
+// subtestTimeout bounds each subtest (scaled as a liveness bound): its
+// context ends then, and a subtest still running subtestGrace later (a
+// driver call that ignores its context) panics with its name, so that a
+// broken driver fails the suite rather than hanging it for go test's
+// whole timeout.
+const (
+	subtestTimeout = 2 * time.Minute
+	subtestGrace   = 30 * time.Second
+)
 
 // Run runs every property against the harness.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
+	limit, err := lockconf.Live(subtestTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(t.Context(), subtestTimeout)
-			defer cancel()
+			ctx, cancel := context.WithTimeout(t.Context(), limit)
+			watchdog := time.AfterFunc(limit+subtestGrace, func() {
+				panic(fmt.Sprintf("queue/conformance: %s did not finish within %v: a driver call ignores its context", t.Name(), limit))
+			})
+			t.Cleanup(func() { watchdog.Stop(); cancel() })
 			s := &suite{t: t, h: h, ctx: ctx}
 			tc.fn(s)
 		})

@@ -28,6 +28,15 @@ var tests = []testCase{
 	// the enqueue was sent, and is delivered to a waiting ClaimWait soon
 	// after.
 	{"DelayHonoured", testDelay},
+	// Many delayed tasks, taken by workers that ask without pause: none is
+	// delivered before its enqueue's send time + Delay (deadlines.go).
+	{"DelayNeverEarly", testDelayMany},
+	// A claim's Until is never later than the server's deadline: a second
+	// client asking without pause never gets the task before it.
+	{"UntilBeforeRedelivery", testUntilBeforeRedelivery},
+	// 2,000 tasks, 8 workers, each task's first claim left to run out: no
+	// claim arrives before the previous claim's Until (0 overlaps).
+	{"NoOverlappingClaims", testNoOverlappingClaims},
 	// A stale claim (expired, the task claimed again by another worker)
 	// can neither Ack, Extend nor Nack: ErrClaimLost, and the current
 	// claim's Ack still removes the task; Delete compares the due time.
@@ -362,11 +371,12 @@ func testConcurrentWorkers(s *suite) {
 		errs    = make(chan error, workers)
 	)
 	left.Store(tasks)
+	start := time.Now()
 	for w := range workers {
 		c, _ := s.client()
 		q := s.same(c, qp, nil)
 		wg.Go(func() {
-			for left.Load() > 0 {
+			for left.Load() > 0 && s.ctx.Err() == nil {
 				ctx, cancel := context.WithTimeout(s.ctx, 500*time.Millisecond)
 				cs, err := q.ClaimWait(ctx, 10, time.Minute)
 				cancel()
@@ -403,6 +413,9 @@ func testConcurrentWorkers(s *suite) {
 	close(errs)
 	for err := range errs {
 		s.t.Error(err)
+	}
+	if s.ctx.Err() != nil {
+		s.t.Fatalf("%d of %d tasks not acked in %v", left.Load(), tasks, time.Since(start).Round(time.Second))
 	}
 	if len(acked) != tasks {
 		s.t.Fatalf("%d distinct tasks acked, want %d", len(acked), tasks)

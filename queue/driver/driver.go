@@ -5,15 +5,15 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/url"
-	"slices"
-	"sync"
 	"time"
+
+	"github.com/dlock/dlock/internal/registry"
 )
 
 // Task is a queued task as a driver returns it.
 type Task struct {
 	ID       string
-	Due      time.Time // when it is (or was) due, on the server's clock, to the millisecond
+	Due      time.Time // when it is (or was) due, on the server's clock, to the millisecond (rounded up)
 	Payload  []byte
 	Attempts int // deliveries by Claim so far
 }
@@ -117,42 +117,40 @@ type Pinger interface {
 // OpenFunc opens a driver from a URL of a registered scheme.
 type OpenFunc func(ctx context.Context, u *url.URL) (Driver, error)
 
-var (
-	mu    sync.RWMutex
-	funcs = map[string]OpenFunc{}
-)
-
-// Register makes queue.Open use open for URLs of the scheme. It panics on
-// a nil open or a scheme registered twice.
+// Register makes queue.Open use open for URLs of the scheme; drivers call
+// it from init. The registry is dlock's own (one for locks and queues,
+// each scheme once per kind): a scheme may name a lock driver and a queue
+// driver. It panics on a nil open or a scheme registered twice.
 func Register(scheme string, open OpenFunc) {
-	mu.Lock()
-	defer mu.Unlock()
-	if open == nil {
-		panic("queue: Register of a nil OpenFunc for " + scheme)
-	}
-	if _, dup := funcs[scheme]; dup {
-		panic("queue: Register called twice for scheme " + scheme)
-	}
-	funcs[scheme] = open
+	registry.Register(registry.Queue, scheme, open, open == nil)
 }
 
 // Lookup returns the OpenFunc of the scheme, or nil.
 func Lookup(scheme string) OpenFunc {
-	mu.RLock()
-	defer mu.RUnlock()
-	return funcs[scheme]
+	open, _ := registry.Lookup(registry.Queue, scheme).(OpenFunc)
+	return open
 }
 
 // Schemes lists the registered schemes, sorted.
-func Schemes() []string {
-	mu.RLock()
-	defer mu.RUnlock()
-	s := make([]string, 0, len(funcs))
-	for k := range funcs {
-		s = append(s, k)
+func Schemes() []string { return registry.Schemes(registry.Queue) }
+
+// Millis returns d in whole milliseconds, rounded up: the duration a
+// driver sends a server that counts in milliseconds.
+func Millis(d time.Duration) int64 {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
 	}
-	slices.Sort(s)
-	return s
+	return int64(ms)
+}
+
+// UpMilli returns t rounded up to the millisecond: the due time a driver
+// stores for a task due at t.
+func UpMilli(t time.Time) time.Time {
+	if r := t.Sub(t.Truncate(time.Millisecond)); r > 0 {
+		return t.Add(time.Millisecond - r)
+	}
+	return t
 }
 
 // NewToken returns a claim token: 128 random bits in hex.

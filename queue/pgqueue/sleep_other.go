@@ -1,9 +1,9 @@
 //go:build !linux
 
-package postgres
+package pgqueue
 
 import "time"
 
 // sleepPrecisely sleeps for d (precisely on Linux only; see
-// tasks_sleep_linux.go).
+// sleep_linux.go).
 func sleepPrecisely(d time.Duration) { time.Sleep(d) }

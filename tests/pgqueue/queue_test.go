@@ -1,15 +1,16 @@
-package postgres_test
+package pgqueue_test
 
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/dlocktest"
-	"github.com/dlock/dlock/postgres"
 	"github.com/dlock/dlock/queue"
 	qconf "github.com/dlock/dlock/queue/conformance"
+	"github.com/dlock/dlock/queue/pgqueue"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -30,7 +31,7 @@ func (h queueHarness) NewClient(t *testing.T) (*queue.Client, conformance.Faults
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	c, err := postgres.NewQueue(pool, nil)
+	c, err := pgqueue.NewQueue(pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,4 +64,37 @@ func TestQueueConformance(t *testing.T) {
 	}
 	t.Cleanup(raw.Close)
 	qconf.Run(t, queueHarness{addr: srv.Addr(), raw: raw})
+}
+
+// A new Client starts beside a transaction writing to the table: learning
+// that the table exists takes no lock on it. (Running CREATE INDEX IF NOT
+// EXISTS each time did: a SHARE lock that waited for every writer and held
+// every later one up behind it.)
+func TestQueueStartsBesideWriters(t *testing.T) {
+	srv := dlocktest.Require(t, dlocktest.Postgres)
+	table, pool := wakeTable(t, srv.Addr())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	q := newTaskQueue(t, pool, table, "busy")
+	if _, err := q.Enqueue(ctx, "a", nil); err != nil { // creates the table
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, "INSERT INTO "+table+" (queue, id, due, payload) VALUES ('other', 'x', now(), '')"); err != nil {
+		t.Fatal(err)
+	}
+	bound, err := conformance.Live(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q2 := newTaskQueue(t, pool, table, "busy")
+	ctx2, cancel2 := context.WithTimeout(ctx, bound)
+	defer cancel2()
+	if _, err := q2.Enqueue(ctx2, "b", nil); err != nil {
+		t.Fatalf("a new Client's Enqueue while another transaction writes to the table: %v", err)
+	}
 }

@@ -1,4 +1,4 @@
-package memory_test
+package memqueue_test
 
 import (
 	"context"
@@ -7,17 +7,18 @@ import (
 	"github.com/dlock/dlock/memory"
 	"github.com/dlock/dlock/queue"
 	"github.com/dlock/dlock/queue/conformance"
+	"github.com/dlock/dlock/queue/memqueue"
 )
 
 type queueHarness struct{ s *memory.Store }
 
 func (h queueHarness) NewClient(t *testing.T) (*queue.Client, conformance.Faults) {
 	link := memory.NewLink()
-	return memory.NewQueue(h.s, link), link
+	return memqueue.NewQueue(h.s, link), link
 }
 
 func (h queueHarness) Residue(_ context.Context, name string) ([]string, error) {
-	return h.s.QueuedIDs(name), nil
+	return memqueue.QueuedIDs(h.s, name), nil
 }
 
 // The memory driver passes the task-queue suite.

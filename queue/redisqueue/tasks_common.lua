@@ -14,9 +14,23 @@
 -- Wake-ups are PUBLISHed on KEYS[1] .. ":ready". Redis deletes a sorted set
 -- or hash when its last member goes: a drained queue leaves no key.
 
-local function now_ms()
+-- clock returns the server's now in ms twice: rounded down, to tell whether
+-- a due time or deadline has passed, and rounded up, to count a new one
+-- from (with a duration the client rounded up): so a deadline is never
+-- earlier than the client's belief, counted from before it sent the request.
+local function clock()
 	local t = redis.call("TIME")
-	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	local s, us = tonumber(t[1]) * 1000, tonumber(t[2])
+	return s + math.floor(us / 1000), s + math.floor((us + 999) / 1000)
+end
+
+-- after is the due time ms after the clock's now (ms rounded up by the
+-- client): start + ms, or now (rounded down) for no delay, due at once.
+local function after(now, start, ms)
+	if ms == 0 then
+		return now
+	end
+	return start + ms
 end
 
 -- info returns a task's attempts and claim token.

@@ -3,7 +3,7 @@
 -- ms; ARGV[4] claim: max attempts (0: no dead-lettering); ARGV[5] claim: a
 -- random token prefix (each claim's token is it .. ":" .. its index).
 -- Returns {wait ms, then per task: id, due ms, attempts, payload, token}.
-local now = now_ms()
+local now, start = clock()
 local op, n = ARGV[1], tonumber(ARGV[2])
 local max = 0
 if op == "claim" then
@@ -20,7 +20,7 @@ for i = 1, #due, 2 do
 		a = a + 1
 		tok = ARGV[5] .. ":" .. ((i + 1) / 2)
 		redis.call("ZREM", KEYS[1], id)
-		redis.call("ZADD", KEYS[2], now + tonumber(ARGV[3]), id)
+		redis.call("ZADD", KEYS[2], start + tonumber(ARGV[3]), id)
 		redis.call("HSET", KEYS[5], id, a .. ":" .. tok)
 	elseif op == "pop" then
 		redis.call("ZREM", KEYS[1], id)

@@ -1,10 +1,11 @@
 -- tasks_enqueue.lua: add a task, or keep, replace or reschedule a queued one.
--- ARGV[1] id; ARGV[2] delay ms; ARGV[3] due time ms ("" for now + delay);
+-- ARGV[1] id; ARGV[2] delay ms; ARGV[3] due time ms ("" for now + delay;
+-- both rounded up by the caller, as now is here);
 -- ARGV[4] payload; ARGV[5] mode: "0" keep, "1" replace, "2" reschedule.
 -- Returns 1 added, 2 kept, 3 replaced, 4 rescheduled.
-local now = now_ms()
+local now, start = clock()
 local id = ARGV[1]
-local due = now + tonumber(ARGV[2])
+local due = after(now, start, tonumber(ARGV[2]))
 if ARGV[3] ~= "" then
 	due = tonumber(ARGV[3])
 end

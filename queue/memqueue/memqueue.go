@@ -1,40 +1,74 @@
-package memory
+package memqueue
 
 import (
 	"context"
 	"net/url"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
+	"weak"
 
+	"github.com/dlock/dlock/memory"
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
 )
 
 func init() {
 	qdriver.Register("mem", func(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
-		s, _, err := ParseURL(u)
+		s, _, err := memory.ParseURL(u)
 		if err != nil {
 			return nil, err
 		}
-		return &taskDriver{s: s, link: NewLink()}, nil
+		return &taskDriver{s: stateOf(s), link: memory.NewLink()}, nil
 	})
 }
 
 // NewQueue returns a task-queue Client on the store s (nil: the default
 // store), the in-process reference for package queue: what mem:// URLs
 // open. Link, as for locks, lets tests partition or reset it.
-func NewQueue(s *Store, link *Link) *queue.Client {
+func NewQueue(s *memory.Store, link *memory.Link) *queue.Client {
 	if s == nil {
-		s = NamedStore("")
+		s = memory.NamedStore("")
 	}
 	if link == nil {
-		link = NewLink()
+		link = memory.NewLink()
 	}
-	return queue.New(&taskDriver{s: s, link: link})
+	return queue.New(&taskDriver{s: stateOf(s), link: link})
 }
 
-// taskQueue is one queue's state in a Store, under the Store's lock.
+// store is the task queues of one memory.Store.
+type store struct {
+	mu     sync.Mutex
+	queues map[string]*taskQueue
+}
+
+// stores holds the task queues of each memory.Store that has any, for as
+// long as the Store is reachable.
+var (
+	storesMu sync.Mutex
+	stores   = map[weak.Pointer[memory.Store]]*store{}
+)
+
+// stateOf returns the task queues of s.
+func stateOf(s *memory.Store) *store {
+	storesMu.Lock()
+	defer storesMu.Unlock()
+	k := weak.Make(s)
+	st := stores[k]
+	if st == nil {
+		st = &store{queues: map[string]*taskQueue{}}
+		stores[k] = st
+		runtime.AddCleanup(s, func(k weak.Pointer[memory.Store]) {
+			storesMu.Lock()
+			defer storesMu.Unlock()
+			delete(stores, k)
+		}, k)
+	}
+	return st
+}
+
+// taskQueue is one queue's state in a store, under the store's lock.
 type taskQueue struct {
 	tasks    map[string]*memTask
 	watchers map[chan struct{}]struct{}
@@ -53,15 +87,12 @@ type memTask struct {
 func (t *memTask) waiting() bool { return t.token == "" && t.dead.IsZero() }
 
 type taskDriver struct {
-	s    *Store
-	link *Link
+	s    *store
+	link *memory.Link
 }
 
 // q returns the named queue, creating it; s.mu held.
 func (d *taskDriver) q(name string) *taskQueue {
-	if d.s.queues == nil {
-		d.s.queues = map[string]*taskQueue{}
-	}
 	q := d.s.queues[name]
 	if q == nil {
 		q = &taskQueue{tasks: map[string]*memTask{}, watchers: map[chan struct{}]struct{}{}}
@@ -70,14 +101,26 @@ func (d *taskDriver) q(name string) *taskQueue {
 	return q
 }
 
-// do runs op on the queue under the store's lock, across the link.
+// do runs op on the queue under the store's lock, across the link. now is
+// the store's clock, unrounded: due times and deadlines are compared with
+// it as they are, and counted from it with after.
 func (d *taskDriver) do(ctx context.Context, name string, op func(q *taskQueue, now time.Time)) error {
-	return d.link.do(ctx, func() error {
+	return d.link.Do(ctx, func() error {
 		d.s.mu.Lock()
 		defer d.s.mu.Unlock()
-		op(d.q(name), time.Now().Truncate(time.Millisecond))
+		op(d.q(name), time.Now())
 		return nil
 	})
+}
+
+// after is the due time or deadline dur after now, to the millisecond as
+// a server keeps it, rounded the safe way (up; see package queue/driver's
+// Rounding); with no delay, now rounded down: due at once.
+func after(now time.Time, dur time.Duration) time.Time {
+	if dur == 0 {
+		return now.Truncate(time.Millisecond)
+	}
+	return qdriver.UpMilli(now).Add(time.Duration(qdriver.Millis(dur)) * time.Millisecond)
 }
 
 func (q *taskQueue) wake() {
@@ -96,9 +139,9 @@ func copyTask(t *memTask, due time.Time) qdriver.Task {
 func (d *taskDriver) Enqueue(ctx context.Context, name string, r qdriver.EnqueueRequest) (qdriver.Result, error) {
 	var res qdriver.Result
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
-		due := now.Add(r.Delay)
+		due := after(now, r.Delay)
 		if !r.At.IsZero() {
-			due = r.At.Truncate(time.Millisecond)
+			due = qdriver.UpMilli(r.At)
 		}
 		t := q.tasks[r.ID]
 		switch {
@@ -213,7 +256,7 @@ func (d *taskDriver) Claim(ctx context.Context, name string, n int, visibility t
 		ready, _ := q.due(now)
 		for _, t := range ready[:min(n, len(ready))] {
 			t.attempts++
-			t.token, t.until = qdriver.NewToken(), now.Add(visibility)
+			t.token, t.until = qdriver.NewToken(), after(now, visibility)
 			out = append(out, qdriver.Claimed{Task: copyTask(t, t.due), Token: t.token})
 		}
 		_, wait = q.due(now)
@@ -245,7 +288,7 @@ func (d *taskDriver) Extend(ctx context.Context, name, id, token string, ext tim
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		if t := q.current(id, token, now); t != nil {
-			t.until, ok = now.Add(ext), true
+			t.until, ok = after(now, ext), true
 		}
 	})
 	return ok, err
@@ -264,7 +307,7 @@ func (d *taskDriver) Nack(ctx context.Context, name, id, token string, delay tim
 			t.dead = now
 			return
 		}
-		t.due = now.Add(delay)
+		t.due = after(now, delay)
 		q.wake()
 	})
 	return ok, err
@@ -273,7 +316,7 @@ func (d *taskDriver) Nack(ctx context.Context, name, id, token string, delay tim
 func (d *taskDriver) Delete(ctx context.Context, name, id string, due time.Time) (bool, error) {
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
-		if t := q.tasks[id]; t != nil && t.waiting() && t.due.Equal(due.Truncate(time.Millisecond)) {
+		if t := q.tasks[id]; t != nil && t.waiting() && t.due.Equal(qdriver.UpMilli(due)) {
 			delete(q.tasks, id)
 			ok = true
 		}
@@ -321,7 +364,7 @@ func (d *taskDriver) Requeue(ctx context.Context, name, id string, delay time.Du
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		if t := q.tasks[id]; t != nil && !t.dead.IsZero() {
-			t.dead, t.attempts, t.due, ok = time.Time{}, 0, now.Add(delay), true
+			t.dead, t.attempts, t.due, ok = time.Time{}, 0, after(now, delay), true
 			q.wake()
 		}
 	})
@@ -330,7 +373,7 @@ func (d *taskDriver) Requeue(ctx context.Context, name, id string, delay time.Du
 
 func (d *taskDriver) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
 	c := make(chan struct{}, 1)
-	err := d.link.do(ctx, func() error {
+	err := d.link.Do(ctx, func() error {
 		d.s.mu.Lock()
 		defer d.s.mu.Unlock()
 		d.q(name).watchers[c] = struct{}{}
@@ -353,7 +396,8 @@ func (d *taskDriver) Close() error { return nil }
 
 // QueuedIDs lists the ids of every task the store keeps for the queue (due,
 // delayed, claimed or dead), for tests.
-func (s *Store) QueuedIDs(queue string) []string {
+func QueuedIDs(store *memory.Store, queue string) []string {
+	s := stateOf(store)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ids []string

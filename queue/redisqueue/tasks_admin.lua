@@ -8,7 +8,7 @@
 --             ms, attempts, payload, ""
 --   "requeue" ARGV[2] id, ARGV[3] delay ms: move a dead task back with its
 --             attempts reset; returns 1 or 0
-local now = now_ms()
+local now, start = clock()
 local op = ARGV[1]
 if op == "delete" then
 	local sc = redis.call("ZSCORE", KEYS[1], ARGV[2])
@@ -43,7 +43,7 @@ elseif op == "requeue" then
 		return 0
 	end
 	redis.call("ZREM", KEYS[3], ARGV[2])
-	redis.call("ZADD", KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+	redis.call("ZADD", KEYS[1], after(now, start, tonumber(ARGV[3])), ARGV[2])
 	redis.call("HSET", KEYS[5], ARGV[2], "0:")
 	wake()
 	return 1

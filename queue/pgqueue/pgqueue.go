@@ -1,9 +1,8 @@
-package postgres
+package pgqueue
 
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -14,10 +13,10 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/postgres"
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -68,7 +67,7 @@ func openTasks(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
 	q.Del("queue_table")
 	rest := *u
 	rest.RawQuery = q.Encode()
-	cfg, _, err := ParseURL(&rest)
+	cfg, _, err := postgres.ParseURL(&rest)
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +89,7 @@ func newTaskDriver(pool *pgxpool.Pool, opts *QueueOptions, owns bool) (*taskDriv
 		table = opts.Table
 	}
 	if !identRE.MatchString(table) {
-		return nil, invalid("queue table %q: want a lower-case identifier, optionally schema-qualified", table)
+		return nil, fmt.Errorf("%w: postgres: queue table %q: want a lower-case identifier, optionally schema-qualified", dlock.ErrInvalid, table)
 	}
 	d := &taskDriver{pool: pool, owns: owns, table: table, watchers: map[string]map[chan struct{}]struct{}{}}
 	d.sql = strings.NewReplacer("dlock_tasks", table)
@@ -111,7 +110,7 @@ type taskDriver struct {
 	ddlMu sync.Mutex
 	ddlOK bool
 
-	due dueWakes // the due times of waiting Claims and Pops (tasks_due.go)
+	due dueWakes // the due times of waiting Claims and Pops (due.go)
 
 	wmu      sync.Mutex
 	watchers map[string]map[chan struct{}]struct{} // by queue
@@ -124,37 +123,55 @@ type taskDriver struct {
 
 func (d *taskDriver) Ping(ctx context.Context) error { return d.ensure(ctx) }
 
-// ensure creates the table when missing, once.
+// ensure creates the table when missing, once per driver. It asks the
+// catalog first and runs the DDL only when the table or its index is
+// missing: CREATE INDEX IF NOT EXISTS takes a SHARE lock on the table before
+// it finds the index there, which waits for every writing transaction and
+// holds every later one up behind it (new Clients, each asking once with
+// a short ctx, kept the table's writers waiting so). Clients creating the
+// table at once would collide ("relation already exists", or a unique
+// violation in the catalog), so the DDL runs under an advisory lock of the
+// table's (ddlKey), held to its commit: the statements are one implicit
+// transaction.
 func (d *taskDriver) ensure(ctx context.Context) error {
 	d.ddlMu.Lock()
 	defer d.ddlMu.Unlock()
 	if d.ddlOK {
 		return nil
 	}
-	var err error
-	for range 3 { // concurrent CREATE ... IF NOT EXISTS may collide
-		if _, err = d.pool.Exec(ctx, d.sql.Replace(tasksDDL)); err == nil {
-			d.ddlOK = true
-			return nil
-		}
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) || pe.Code != "23505" {
-			break
-		}
+	var exists bool
+	err := d.pool.QueryRow(ctx, d.q(`SELECT to_regclass('dlock_tasks') IS NOT NULL AND to_regclass('dlock_tasks_state_due') IS NOT NULL`)).Scan(&exists)
+	if err == nil && !exists {
+		_, err = d.pool.Exec(ctx, d.q(`SELECT pg_advisory_xact_lock(`+ddlKey+`);`)+d.q(tasksDDL))
 	}
-	return fmt.Errorf("postgres: creating the task table %s: %w", d.table, err)
+	if err != nil {
+		return fmt.Errorf("postgres: creating the task table %s: %w", d.table, err)
+	}
+	d.ddlOK = true
+	return nil
 }
 
-const (
-	dueExpr = `date_trunc('milliseconds', now())`
-)
+// dueExpr is what a due time or deadline is counted from: the statement's
+// now() rounded up to the millisecond (now() is to the µs), with durations
+// the client rounded up (qdriver.Millis), so that it is never earlier than
+// the client's belief, counted from before it sent the statement (see
+// package queue/driver's Rounding). Whether one has passed is asked of
+// now() unrounded.
+const dueExpr = `date_trunc('milliseconds', now() + interval '999 microseconds')`
+
+// dueAfter is the due time of a task due the parameter's ms after now:
+// dueExpr plus them, or, for no delay, now() rounded down: due at once.
+func dueAfter(ms string) string {
+	return `CASE WHEN ` + ms + ` = 0 THEN date_trunc('milliseconds', now()) ELSE ` +
+		dueExpr + ` + ` + ms + ` * interval '1 millisecond' END`
+}
 
 func (d *taskDriver) q(s string) string { return d.sql.Replace(s) }
 
 func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRequest) (qdriver.Result, error) {
 	var at *int64
 	if !r.At.IsZero() {
-		v := r.At.UnixMilli()
+		v := qdriver.UpMilli(r.At).UnixMilli()
 		at = &v
 	}
 	payload := r.Payload
@@ -169,7 +186,7 @@ func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRe
 		old               *int16
 		waiters           bool
 	)
-	err := d.pool.QueryRow(ctx, d.enqueueSQL, qn, r.ID, r.Delay.Milliseconds(), at, payload, int(r.Mode)).
+	err := d.pool.QueryRow(ctx, d.enqueueSQL, qn, r.ID, qdriver.Millis(r.Delay), at, payload, int(r.Mode)).
 		Scan(&changed, &inserted, &old, &waiters)
 	if err != nil {
 		return 0, fmt.Errorf("postgres: enqueue on %q: %w", qn, err)
@@ -200,11 +217,11 @@ func (d *taskDriver) Enqueue(ctx context.Context, qn string, r qdriver.EnqueueRe
 // state before (from the statement's snapshot: it only names the result),
 // and whether a Client may be waiting (see waitersTest): the insert reads
 // its row from w, so the test is done before the statement locks a row.
-const enqueueSQL = `WITH w AS MATERIALIZED (SELECT ` + waitersTest + ` AS waiters),
+var enqueueSQL = `WITH w AS MATERIALIZED (SELECT ` + waitersTest + ` AS waiters),
 	old AS (SELECT state FROM dlock_tasks WHERE queue = $1 AND id = $2),
 	up AS (INSERT INTO dlock_tasks AS t (queue, id, state, due, payload)
 		SELECT $1, $2, 0, COALESCE('epoch'::timestamptz + $4::bigint * interval '1 millisecond',
-		        date_trunc('milliseconds', now()) + $3::bigint * interval '1 millisecond'), $5 FROM w
+		        ` + dueAfter("$3::bigint") + `), $5 FROM w
 		ON CONFLICT (queue, id) DO UPDATE SET
 		  state = 0, token = NULL, due = excluded.due,
 		  payload = CASE WHEN $6::int = 1 OR t.state = 2 THEN excluded.payload ELSE t.payload END,
@@ -339,19 +356,23 @@ func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, arg
 }
 
 // The operations on due tasks, for takeSQL: $2 is n, $4 the claim token's
-// prefix, $5 the visibility in ms.
+// prefix, $5 the visibility in ms. Pop and Claim pick their rows in a
+// MATERIALIZED CTE, evaluated once: as a subquery joined to the table, the
+// pick may be the inner side of a nested loop, run again for each row, and
+// each run skips the rows the statement has already changed (a row
+// locked and changed by its own statement is passed over) and picks the
+// next ones: Pop(3) took 4 tasks so.
 const (
 	peekOp = `SELECT id, (extract(epoch from due) * 1000)::bigint AS due_ms, attempts, payload, token FROM dlock_tasks
 		WHERE queue = $1 AND state = 0 AND due <= now() ORDER BY due, id LIMIT $2`
-	popOp = `DELETE FROM dlock_tasks t USING (
-		  SELECT id FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
-		  ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) c
+	pickDue = `WITH c AS MATERIALIZED (SELECT id, due FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
+		  ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) `
+	popOp = pickDue + `DELETE FROM dlock_tasks t USING c
 		WHERE t.queue = $1 AND t.id = c.id
 		RETURNING t.id, (extract(epoch from t.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token`
-	claimOp = `UPDATE dlock_tasks t SET state = 1, attempts = t.attempts + 1,
+	claimOp = pickDue + `UPDATE dlock_tasks t SET state = 1, attempts = t.attempts + 1,
 		  token = $4 || ':' || t.id, due = ` + dueExpr + ` + $5::bigint * interval '1 millisecond'
-		FROM (SELECT id, due FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
-		      ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) c
+		FROM c
 		WHERE t.queue = $1 AND t.id = c.id
 		RETURNING t.id, (extract(epoch from c.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token`
 )
@@ -375,7 +396,7 @@ func (d *taskDriver) Pop(ctx context.Context, qn string, n int) ([]qdriver.Task,
 }
 
 func (d *taskDriver) Claim(ctx context.Context, qn string, n int, vis time.Duration, max int) ([]qdriver.Claimed, time.Duration, error) {
-	rows, w, err := d.take(ctx, qn, "claim", d.claimSQL, qn, n, max, qdriver.NewToken(), vis.Milliseconds())
+	rows, w, err := d.take(ctx, qn, "claim", d.claimSQL, qn, n, max, qdriver.NewToken(), qdriver.Millis(vis))
 	out := make([]qdriver.Claimed, len(rows))
 	for i, r := range rows {
 		out[i] = qdriver.Claimed{Task: r.task(), Token: *r.token}
@@ -390,8 +411,8 @@ const current = `queue = $1 AND id = $2 AND state = 1 AND token = $3 AND due > n
 // sender a transaction, and PostgreSQL serialises the commits of notifying
 // transactions; so a change that makes a task due notifies only when some
 // Client is listening on the table, which the change learns from two
-// advisory locks (bigint keys, in the table's database; see doc.go's
-// Layout):
+// advisory locks (bigint keys, in the table's database; see queue/DESIGN.md,
+// PostgreSQL):
 //
 //   - waitersKey: every Client's listening connection holds it shared for
 //     as long as it listens, taken after its LISTEN has committed;
@@ -427,6 +448,8 @@ const current = `queue = $1 AND id = $2 AND state = 1 AND token = $3 AND due > n
 const (
 	waitersKey = `hashtextextended('dlock_tasks', 5)`
 	barrierKey = `hashtextextended('dlock_tasks', 6)`
+	// ddlKey serialises the creation of the table (ensure).
+	ddlKey = `hashtextextended('dlock_tasks', 7)`
 	// waitersTest takes barrierKey for the transaction, then tests
 	// waitersKey: true when some session holds it (a listener, or another
 	// change testing it at that instant). CASE evaluates in order.
@@ -497,24 +520,24 @@ func (d *taskDriver) Ack(ctx context.Context, qn, id, token string) (bool, error
 
 func (d *taskDriver) Extend(ctx context.Context, qn, id, token string, ext time.Duration) (bool, error) {
 	return d.exec(ctx, "extend", qn, `UPDATE dlock_tasks SET due = `+dueExpr+` + $4::bigint * interval '1 millisecond' WHERE `+current,
-		qn, id, token, ext.Milliseconds())
+		qn, id, token, qdriver.Millis(ext))
 }
 
 func (d *taskDriver) Nack(ctx context.Context, qn, id, token string, delay time.Duration, max int) (bool, error) {
 	return d.execDue(ctx, "nack", qn, `UPDATE dlock_tasks SET token = NULL,
 		state = CASE WHEN $5::int > 0 AND attempts >= $5::int THEN 2 ELSE 0 END,
-		due = `+dueExpr+` + CASE WHEN $5::int > 0 AND attempts >= $5::int THEN interval '0' ELSE $4::bigint * interval '1 millisecond' END
-		WHERE `+current, qn, id, token, delay.Milliseconds(), max)
+		due = CASE WHEN $5::int > 0 AND attempts >= $5::int THEN date_trunc('milliseconds', now()) ELSE `+dueAfter("$4::bigint")+` END
+		WHERE `+current, qn, id, token, qdriver.Millis(delay), max)
 }
 
 func (d *taskDriver) Delete(ctx context.Context, qn, id string, due time.Time) (bool, error) {
 	return d.exec(ctx, "delete", qn, `DELETE FROM dlock_tasks WHERE queue = $1 AND id = $2 AND state = 0
-		AND due = 'epoch'::timestamptz + $3::bigint * interval '1 millisecond'`, qn, id, due.UnixMilli())
+		AND due = 'epoch'::timestamptz + $3::bigint * interval '1 millisecond'`, qn, id, qdriver.UpMilli(due).UnixMilli())
 }
 
 func (d *taskDriver) Requeue(ctx context.Context, qn, id string, delay time.Duration) (bool, error) {
 	return d.execDue(ctx, "requeue", qn, `UPDATE dlock_tasks SET state = 0, attempts = 0, token = NULL,
-		due = `+dueExpr+` + $3::bigint * interval '1 millisecond' WHERE queue = $1 AND id = $2 AND state = 2`, qn, id, delay.Milliseconds())
+		due = `+dueAfter("$3::bigint")+` WHERE queue = $1 AND id = $2 AND state = 2`, qn, id, qdriver.Millis(delay))
 }
 
 func (d *taskDriver) Stats(ctx context.Context, qn string) (qdriver.Stats, error) {

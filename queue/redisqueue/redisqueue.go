@@ -1,4 +1,4 @@
-package redis
+package redisqueue
 
 import (
 	"context"
@@ -8,10 +8,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/redisclient"
 	"github.com/dlock/dlock/internal/redishub"
 	"github.com/dlock/dlock/internal/redislog"
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
+	"github.com/dlock/dlock/redis"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -53,7 +56,7 @@ type QueueOptions struct {
 // Every operation is one Lua script on the queue's hash slot. Closing the
 // Client does not close the application's client.
 func NewQueue(client goredis.UniversalClient, opts *QueueOptions) (*queue.Client, error) {
-	if err := checkClient(client); err != nil {
+	if err := redisclient.Check(client); err != nil {
 		return nil, err
 	}
 	return queue.New(newTaskDriver(client, opts, false)), nil
@@ -63,12 +66,12 @@ func NewQueue(client goredis.UniversalClient, opts *QueueOptions) (*queue.Client
 // URL's form and parameters (prefix, TLS, go-redis's own); lock options
 // are accepted and ignored.
 func openTasks(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
-	gopts, opts, err := ParseURL(u)
+	gopts, opts, err := redis.ParseURL(u)
 	if err != nil {
 		return nil, err
 	}
 	if opts.Compat {
-		return nil, invalid("compat=true is a lock layout; task queues have one layout")
+		return nil, fmt.Errorf("%w: redis: compat=true is a lock layout; task queues have one layout", dlock.ErrInvalid)
 	}
 	client := goredis.NewClient(gopts)
 	client.AddHook(redislog.Hook{})
@@ -105,12 +108,14 @@ func (d *taskDriver) Ping(ctx context.Context) error {
 	return nil
 }
 
-func ms(d time.Duration) int64 { return d.Milliseconds() }
+// ms is a duration as the scripts take it: whole ms, rounded up (see
+// package queue/driver's Rounding).
+func ms(d time.Duration) int64 { return qdriver.Millis(d) }
 
 func (d *taskDriver) Enqueue(ctx context.Context, q string, r qdriver.EnqueueRequest) (qdriver.Result, error) {
 	at := ""
 	if !r.At.IsZero() {
-		at = strconv.FormatInt(r.At.UnixMilli(), 10)
+		at = strconv.FormatInt(qdriver.UpMilli(r.At).UnixMilli(), 10)
 	}
 	v, err := tasksEnqueue.Run(ctx, d.c, d.keys(q), r.ID, ms(r.Delay), at, r.Payload, int(r.Mode)).Int()
 	if err != nil {
@@ -197,7 +202,7 @@ func (d *taskDriver) admin(ctx context.Context, q string, args ...any) *goredis.
 }
 
 func (d *taskDriver) Delete(ctx context.Context, q, id string, due time.Time) (bool, error) {
-	v, err := d.admin(ctx, q, "delete", id, due.UnixMilli()).Int()
+	v, err := d.admin(ctx, q, "delete", id, qdriver.UpMilli(due).UnixMilli()).Int()
 	if err != nil {
 		return false, fmt.Errorf("redis: delete of %q on %q: %w", id, q, err)
 	}

@@ -4,7 +4,7 @@
 -- extend: ms from now; nack: delay ms; ARGV[5] nack: max attempts (0: no
 -- dead-lettering).
 -- Returns 1 when done, 0 when the claim is not current.
-local now = now_ms()
+local now, start = clock()
 local id = ARGV[2]
 local deadline = redis.call("ZSCORE", KEYS[2], id)
 if not deadline or tonumber(deadline) <= now then
@@ -18,7 +18,7 @@ if ARGV[1] == "ack" then
 	redis.call("ZREM", KEYS[2], id)
 	forget(id)
 elseif ARGV[1] == "extend" then
-	redis.call("ZADD", KEYS[2], now + tonumber(ARGV[4]), id)
+	redis.call("ZADD", KEYS[2], start + tonumber(ARGV[4]), id)
 else
 	redis.call("ZREM", KEYS[2], id)
 	redis.call("HSET", KEYS[5], id, a .. ":")
@@ -26,7 +26,7 @@ else
 	if max > 0 and a >= max then
 		redis.call("ZADD", KEYS[3], now, id)
 	else
-		redis.call("ZADD", KEYS[1], now + tonumber(ARGV[4]), id)
+		redis.call("ZADD", KEYS[1], after(now, start, tonumber(ARGV[4])), id)
 		wake()
 	end
 end

@@ -1,4 +1,4 @@
-package redis_test
+package redisqueue_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/dlock/dlock/dlocktest"
 	"github.com/dlock/dlock/queue"
 	qconf "github.com/dlock/dlock/queue/conformance"
-	"github.com/dlock/dlock/redis"
+	"github.com/dlock/dlock/queue/redisqueue"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -26,7 +26,7 @@ func (h queueHarness) NewClient(t *testing.T) (*queue.Client, conformance.Faults
 	p := newProxies(t, h.addrs...)
 	c := h.newClient(p.dial)
 	t.Cleanup(func() { _ = c.Close() })
-	qc, err := redis.NewQueue(c, nil)
+	qc, err := redisqueue.NewQueue(c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func (h queueHarness) NewClient(t *testing.T) (*queue.Client, conformance.Faults
 
 func (h queueHarness) Residue(ctx context.Context, name string) ([]string, error) {
 	var left []string
-	k := redis.DefaultQueuePrefix + "{" + name + "}:"
+	k := redisqueue.DefaultQueuePrefix + "{" + name + "}:"
 	for _, s := range []string{"due", "claimed", "dead", "payload", "info"} {
 		n, err := h.raw.Exists(ctx, k+s).Result()
 		if err != nil {

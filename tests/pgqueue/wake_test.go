@@ -1,19 +1,20 @@
-package postgres_test
+package pgqueue_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dlock/dlock/tests/internal/testutil"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/tests/internal/testutil"
+
 	"github.com/dlock/dlock/dlocktest"
-	"github.com/dlock/dlock/postgres"
 	"github.com/dlock/dlock/queue"
+	"github.com/dlock/dlock/queue/pgqueue"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -37,7 +38,7 @@ func wakeTable(t *testing.T, addr string) (string, *pgxpool.Pool) {
 
 func newTaskQueue(t *testing.T, pool *pgxpool.Pool, table, name string) *queue.Queue {
 	t.Helper()
-	c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+	c, err := pgqueue.NewQueue(pool, &pgqueue.QueueOptions{Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,7 @@ func TestNoMissedWakeups(t *testing.T) {
 		producer := newTaskQueue(t, pool, table, fmt.Sprintf("%s-%d", uniqueName(t), p))
 		wg.Go(func() {
 			for i := range rounds {
-				c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+				c, err := pgqueue.NewQueue(pool, &pgqueue.QueueOptions{Table: table})
 				if err != nil {
 					t.Error(err)
 					return
@@ -288,7 +289,7 @@ func TestNackAndRequeueWake(t *testing.T) {
 	name := uniqueName(t)
 	a := newTaskQueue(t, pool, table, name)
 	watch := rawConn(t, srv.Addr())
-	c, err := postgres.NewQueue(pool, &postgres.QueueOptions{Table: table})
+	c, err := pgqueue.NewQueue(pool, &pgqueue.QueueOptions{Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
