@@ -45,12 +45,6 @@ func rawConn(t testing.TB, addr string) *pgx.Conn {
 	return c
 }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 var nameSeq atomic.Int64
 
 func uniqueName(t testing.TB) string {

@@ -43,11 +43,7 @@ func newProxies(t testing.TB, addrs ...string) *proxies {
 	t.Helper()
 	p := &proxies{byAddr: map[string]*faultnet.Proxy{}}
 	for _, a := range addrs {
-		fp, err := faultnet.Listen(a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = fp.Close() })
+		fp := faultnet.ListenT(t, a)
 		p.byAddr[a] = fp
 	}
 	return p
