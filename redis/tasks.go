@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/redishub"
-	"github.com/dlock/dlock/internal/redislog"
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
 	goredis "github.com/redis/go-redis/v9"
@@ -71,7 +70,6 @@ func openTasks(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
 		return nil, invalid("compat=true is a lock layout; task queues have one layout")
 	}
 	client := goredis.NewClient(gopts)
-	client.AddHook(redislog.Hook{})
 	return newTaskDriver(client, &QueueOptions{KeyPrefix: opts.KeyPrefix}, true), nil
 }
 
