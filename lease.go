@@ -26,8 +26,7 @@ type Lease struct {
 	fence    uint64
 	hasFence bool
 	opts     Options
-	lost     <-chan struct{}     // the driver's loss signal, may be nil
-	notifier driver.LossNotifier // the handle, when it reports loss by callback
+	notifier driver.LossNotifier // the handle, when it reports loss
 	drift    time.Duration       // from the grant, zero for the default
 	since    time.Time           // when the grant's request was sent
 
@@ -64,7 +63,7 @@ type Lease struct {
 func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, h: g.Handle, name: req.Name, token: req.Token,
-		fence: g.Fence, hasFence: l.caps.Fences(req.Kind), opts: o, lost: g.Lost, drift: g.Drift,
+		fence: g.Fence, hasFence: l.caps.Fences(req.Kind), opts: o, drift: g.Drift,
 		ttl: req.TTL, backoff: o.RetryMin,
 		ops: make(chan struct{}, 1), since: sent,
 	}
@@ -76,8 +75,7 @@ func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent ti
 	return ls
 }
 
-// start schedules the lease's timed tasks (and watches the driver's loss
-// signal, if any). The tasks are counted in the locker's background group
+// start schedules the lease's timed tasks. The tasks are counted in the locker's background group
 // while they run, so Close can wait for them.
 func (ls *Lease) start(sent time.Time) {
 	ls.mu.Lock()
@@ -88,21 +86,10 @@ func (ls *Lease) start(sent time.Time) {
 		ls.tick = leaseTask(ls, (*Lease).onTick)
 		ls.scheduleTick(sent)
 	}
-	if ls.lost != nil && ls.notifier == nil { // else see watchLoss
-		ls.l.bg.Add(1)
-		go func() {
-			defer ls.l.bg.Done()
-			select {
-			case <-ls.lost:
-				ls.end(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
-			case <-ls.Done():
-			}
-		}()
-	}
 }
 
-// watchLoss registers the lease's end with a driver that reports loss by
-// callback; the lease must not be locked.
+// watchLoss registers the lease's end with a handle that reports loss
+// (driver.LossNotifier); the lease must not be locked.
 func (ls *Lease) watchLoss() {
 	if ls.notifier != nil {
 		ls.notifier.OnLost(func() {

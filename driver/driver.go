@@ -17,7 +17,8 @@
 //     optional interfaces the backend allows: Waiter when the server queues
 //     waiters, Notifier when it can tell a waiter that a name may be free,
 //     Abandoner when a lost reply can leave a lock behind, LossNotifier when
-//     a Handle learns of a loss by callback.
+//     a Handle can learn that its lock is gone before a refresh would find
+//     out (a session that ends, a watch that fires).
 //  2. Give applications New(client, *Options) returning *dlock.Locker (through
 //     dlock.New), and ParseURL(*url.URL) returning the client's config and
 //     the driver's Options.
@@ -148,10 +149,6 @@ type Grant struct {
 	// requested (etcd raises short TTLs, ZooKeeper negotiates its session
 	// timeout). Zero means as requested.
 	TTL time.Duration
-	// Lost, when not nil, is closed by the driver as soon as it learns that
-	// the lock is gone (session expired, connection lost, key deleted). The
-	// Locker turns that into the lease's loss signal.
-	Lost <-chan struct{}
 	// Sent, when not zero, is when the request that started the granted
 	// TTL was sent: for a driver that waits (Waiter), or is granted through a
 	// queue, the last request before the grant, not the start of the wait.
@@ -162,13 +159,15 @@ type Grant struct {
 	Drift time.Duration
 }
 
-// LossNotifier is implemented by Handles that can report the loss of their
-// lock through a callback, in addition to closing Grant.Lost. The Locker then
-// watches the lease without a goroutine of its own.
+// LossNotifier is implemented by Handles that learn that their lock is gone
+// (session expired, connection lost, key deleted) before a refresh would
+// find out; the Locker turns the call into the lease's loss signal, without
+// a goroutine per lease. A Handle without it is found lost by its next
+// refresh, or at its ValidUntil.
 type LossNotifier interface {
 	// OnLost registers f, called once when the driver learns that the lock
-	// is gone (when it closes Grant.Lost), at once if that has happened
-	// already. The Locker calls OnLost once, holding none of its locks; f
+	// is gone, at once if that has happened already. The Locker calls
+	// OnLost once, right after the grant, holding none of its locks; f
 	// does not block and calls nothing of the driver's.
 	OnLost(f func())
 }

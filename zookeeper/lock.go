@@ -613,7 +613,7 @@ func (d *driver) grant(s *session, c *claim, n node, req dlockdriver.Request, se
 	if req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite {
 		fence = uint64(n.czxid)
 	}
-	return &dlockdriver.Grant{Handle: h, Fence: fence, TTL: ttl, Lost: h.lost, Sent: sent}
+	return &dlockdriver.Grant{Handle: h, Fence: fence, TTL: ttl, Sent: sent}
 }
 
 type handleState int
@@ -630,7 +630,7 @@ type handle struct {
 	c    *claim // ended (unclaimed) when the handle is
 	path string
 	data []byte
-	lost chan struct{} // closed when the node's session ends
+	lost chan struct{} // closed when the node's session ends, before onLost is called
 
 	mu     sync.Mutex
 	onLost func()   // called once lost is closed (dlockdriver.LossNotifier)
