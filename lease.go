@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 )
 
 // Lease is a held lock. Its methods are safe for concurrent use.
@@ -45,8 +46,8 @@ type Lease struct {
 	// call (most leases are released without anyone asking), or
 	// closedChan when the lease ended first.
 	done           atomic.Value
-	refreshStopped bool          // set by Release: the watchdog sends no more
-	backoff        time.Duration // the watchdog's delay after a failed refresh
+	refreshStopped bool            // set by Release: the watchdog sends no more
+	retry          backoff.Backoff // the watchdog's delays after failed refreshes
 
 	ctx    context.Context // made by the first call of Context
 	cancel context.CancelCauseFunc
@@ -64,7 +65,7 @@ func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent ti
 	ls := &Lease{
 		l: l, h: g.Handle, name: req.Name, token: req.Token,
 		fence: g.Fence, hasFence: l.caps.Fences(req.Kind), opts: o, drift: g.Drift,
-		ttl: req.TTL, backoff: o.RetryMin,
+		ttl: req.TTL, retry: backoff.Backoff{Min: o.RetryMin, Max: o.RetryMax},
 		ops: make(chan struct{}, 1), since: sent,
 	}
 	if g.TTL > 0 {
@@ -169,9 +170,8 @@ func (ls *Lease) afterTick(err error, until time.Time) {
 	if ls.err == nil && !ls.refreshStopped {
 		// With slack, the leases of a batch that failed as a whole try
 		// again together, not one request each.
-		d := jitter(ls.backoff)
+		d := ls.retry.Next()
 		ls.l.sched.scheduleSlack(&ls.tick, time.Now().Add(d), d/2)
-		ls.backoff = min(2*ls.backoff, ls.opts.RetryMax)
 	}
 }
 
@@ -327,7 +327,7 @@ func (ls *Lease) applyRefresh(sent time.Time, ttl, granted time.Duration, err er
 	ls.ttl = granted
 	ls.validUntil = validUntil(sent, ttl, &driver.Grant{TTL: granted, Drift: ls.drift})
 	ls.l.sched.schedule(&ls.deadline, ls.validUntil)
-	ls.backoff = ls.opts.RetryMin
+	ls.retry.Reset()
 	if ls.tick.run != nil && !ls.refreshStopped {
 		ls.scheduleTick(sent)
 	}
