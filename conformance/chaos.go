@@ -391,9 +391,6 @@ func (r *chaosRun) client(ctx context.Context, i int, l *dlock.Locker, rng *rand
 	s := r.s
 	ttl := s.cfg.TTL
 	for ctx.Err() == nil {
-		r.mu.Lock()
-		healed := r.healed
-		r.mu.Unlock()
 		call := time.Now()
 		try := rng.IntN(8) == 0
 		// Waits of various lengths, some cut short while queued.
@@ -408,7 +405,7 @@ func (r *chaosRun) client(ctx context.Context, i int, l *dlock.Locker, rng *rand
 		granted := time.Now()
 		cancel()
 		r.mu.Lock()
-		healed = r.healed
+		healed := r.healed // as of the grant: a grant after it came after the cut
 		r.mu.Unlock()
 		if err != nil {
 			kind := "other"
