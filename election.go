@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 )
 
 // Leader election is a lock whose holder names itself: Elect takes the lock
@@ -160,9 +161,9 @@ func (l *Locker) observe(ctx context.Context, name string, o Options, out chan L
 	stop := context.AfterFunc(l.closing, cancel)
 	defer stop()
 	var (
-		last    Leader
-		sent    bool
-		backoff = 5 * time.Millisecond
+		last  Leader
+		sent  bool
+		retry = backoff.Backoff{Min: 5 * time.Millisecond, Max: o.RetryMax}
 	)
 	timer := time.NewTimer(0)
 	<-timer.C
@@ -180,9 +181,9 @@ func (l *Locker) observe(ctx context.Context, name string, o Options, out chan L
 		delay := o.RetryMax
 		switch {
 		case err != nil || !cur.Held:
-			delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
+			delay = retry.Next()
 		default:
-			backoff = 5 * time.Millisecond
+			retry.Reset()
 			if ttl > 0 { // look again at the holder's expiry if no release is heard
 				delay = ttl + time.Millisecond
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 )
 
 // Lease is a held lock. Its methods are safe for concurrent use.
@@ -28,8 +29,7 @@ type Lease struct {
 	fence    uint64
 	hasFence bool
 	opts     Options
-	lost     <-chan struct{}     // the driver's loss signal, may be nil
-	notifier driver.LossNotifier // the handle, when it reports loss by callback
+	notifier driver.LossNotifier // the handle, when it reports loss
 	drift    time.Duration       // from the grant, zero for the default
 	since    time.Time           // when the grant's request was sent
 
@@ -48,8 +48,8 @@ type Lease struct {
 	// call (most leases are released without anyone asking), or
 	// closedChan when the lease ended first.
 	done           atomic.Value
-	refreshStopped bool          // set by Release: the watchdog sends no more
-	backoff        time.Duration // the watchdog's delay after a failed refresh
+	refreshStopped bool            // set by Release: the watchdog sends no more
+	retry          backoff.Backoff // the watchdog's delays after failed refreshes
 
 	ctx    context.Context // made by the first call of Context
 	cancel context.CancelCauseFunc
@@ -66,8 +66,8 @@ type Lease struct {
 func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent time.Time) *Lease {
 	ls := &Lease{
 		l: l, h: g.Handle, name: req.Name, token: req.Token, kind: req.Kind, limit: req.Limit,
-		fence: g.Fence, hasFence: l.caps.Fences(req.Kind), opts: o, lost: g.Lost, drift: g.Drift,
-		ttl: req.TTL, backoff: o.RetryMin,
+		fence: g.Fence, hasFence: l.caps.Fences(req.Kind), opts: o, drift: g.Drift,
+		ttl: req.TTL, retry: backoff.Backoff{Min: o.RetryMin, Max: o.RetryMax},
 		ops: make(chan struct{}, 1), since: sent,
 	}
 	if g.TTL > 0 {
@@ -78,8 +78,7 @@ func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent ti
 	return ls
 }
 
-// start schedules the lease's timed tasks (and watches the driver's loss
-// signal, if any). The tasks are counted in the locker's background group
+// start schedules the lease's timed tasks. The tasks are counted in the locker's background group
 // while they run, so Close can wait for them.
 func (ls *Lease) start(sent time.Time) {
 	ls.mu.Lock()
@@ -90,21 +89,10 @@ func (ls *Lease) start(sent time.Time) {
 		ls.tick = leaseTask(ls, (*Lease).onTick)
 		ls.scheduleTick(sent)
 	}
-	if ls.lost != nil && ls.notifier == nil { // else see watchLoss
-		ls.l.bg.Add(1)
-		go func() {
-			defer ls.l.bg.Done()
-			select {
-			case <-ls.lost:
-				ls.end(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
-			case <-ls.Done():
-			}
-		}()
-	}
 }
 
-// watchLoss registers the lease's end with a driver that reports loss by
-// callback; the lease must not be locked.
+// watchLoss registers the lease's end with a handle that reports loss
+// (driver.LossNotifier); the lease must not be locked.
 func (ls *Lease) watchLoss() {
 	if ls.notifier != nil {
 		ls.notifier.OnLost(func() {
@@ -197,9 +185,8 @@ func (ls *Lease) afterTick(err error, until time.Time) {
 	if ls.err == nil && !ls.refreshStopped {
 		// With slack, the leases of a batch that failed as a whole try
 		// again together, not one request each.
-		d := jitter(ls.backoff)
+		d := ls.retry.Next()
 		ls.l.sched.scheduleSlack(&ls.tick, time.Now().Add(d), d/2)
-		ls.backoff = min(2*ls.backoff, ls.opts.RetryMax)
 	}
 }
 
@@ -355,7 +342,7 @@ func (ls *Lease) applyRefresh(sent time.Time, ttl, granted time.Duration, err er
 	ls.ttl = granted
 	ls.validUntil = validUntil(sent, ttl, &driver.Grant{TTL: granted, Drift: ls.drift})
 	ls.l.sched.schedule(&ls.deadline, ls.validUntil)
-	ls.backoff = ls.opts.RetryMin
+	ls.retry.Reset()
 	if ls.tick.run != nil && !ls.refreshStopped {
 		ls.scheduleTick(sent)
 	}

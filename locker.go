@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 )
 
 // New returns the Locker for a driver. defaults (nil for the package
@@ -206,7 +206,7 @@ func waitError(ctx, actx context.Context, err error) error {
 // checkValidity), another one with a new token after a backoff, until ctx
 // ends.
 func (l *Locker) queue(ctx context.Context, req *driver.Request, o Options) (*driver.Grant, time.Time, error) {
-	backoff := o.RetryMin
+	retry := backoff.Backoff{Min: o.RetryMin, Max: o.RetryMax}
 	var expired error
 	for first := true; ; first = false {
 		if !first {
@@ -226,14 +226,8 @@ func (l *Locker) queue(ctx context.Context, req *driver.Request, o Options) (*dr
 			return nil, sent, err
 		}
 		expired = err
-		var delay time.Duration
-		delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
-		timer := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if !retry.Sleep(ctx) {
 			return nil, sent, errors.Join(ErrNotAcquired, expired)
-		case <-timer.C:
 		}
 	}
 }
@@ -295,7 +289,7 @@ func (l *Locker) abandon(ctx context.Context, req driver.Request) {
 // them) or for the holder's remaining TTL, then again.
 func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*driver.Grant, time.Time, error) {
 	var notify <-chan struct{}
-	backoff := o.RetryMin
+	retry := backoff.Backoff{Min: o.RetryMin, Max: o.RetryMax}
 	var lastErr error
 	timer := time.NewTimer(0)
 	<-timer.C
@@ -342,7 +336,7 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 					delay = o.RetryMax
 				}
 			} else {
-				delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
+				delay = retry.Next()
 				if busy.RetryAfter > 0 && busy.RetryAfter < delay {
 					delay = busy.RetryAfter + time.Millisecond
 				}
@@ -351,12 +345,12 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 			// The grant took longer than the TTL allows: again, after a
 			// backoff (at once could spin while the TTL stays too short).
 			lastErr = err
-			delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
+			delay = retry.Next()
 		case errors.Is(err, ErrInvalid), errors.Is(err, ErrClosed):
 			return nil, sent, err
 		default: // a backend error: keep trying until ctx ends
 			lastErr = err
-			delay, backoff = jitter(backoff), min(2*backoff, o.RetryMax)
+			delay = retry.Next()
 			l.logRetry(ctx, req.Name, err, delay)
 		}
 		timer.Reset(delay)
@@ -605,24 +599,26 @@ func plural1(n int, one, many string) string {
 // before they stand in others' way until their TTL. The waits between tries
 // grow from 5ms to 200ms. failed is told of each try that fails.
 func releaseOnClose(ctx context.Context, ls *Lease, failed func(error)) error {
-	backoff := 5 * time.Millisecond
+	retry := backoff.Backoff{Min: 5 * time.Millisecond, Max: 200 * time.Millisecond}
 	for {
 		err := ls.Release(ctx)
 		if err != nil {
 			failed(err)
 		}
-		if err == nil || ls.Err() != nil || ctx.Err() != nil ||
-			!time.Now().Add(backoff).Before(ls.ValidUntil()) {
+		if err == nil || ls.Err() != nil || ctx.Err() != nil {
 			return err
 		}
-		t := time.NewTimer(backoff)
+		delay := retry.Next()
+		if !time.Now().Add(delay).Before(ls.ValidUntil()) {
+			return err
+		}
+		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return err
 		case <-t.C:
 		}
-		backoff = min(2*backoff, 200*time.Millisecond)
 	}
 }
 
@@ -666,12 +662,4 @@ func validUntil(sent time.Time, requested time.Duration, g *driver.Grant) time.T
 		d = drift(ttl)
 	}
 	return sent.Add(ttl - d)
-}
-
-// jitter returns d plus up to a quarter of d at random.
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return d + rand.N(d/4+1)
 }

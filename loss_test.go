@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,51 +12,65 @@ import (
 )
 
 // lossDriver grants every TryAcquire; its handles report loss through
-// Grant.Lost, and, when callback is set, through driver.LossNotifier too.
+// driver.LossNotifier. With early set, a handle is lost before the
+// Locker registers with it.
 type lossDriver struct {
-	callback bool
-	handles  chan *lossHandle
+	early   bool
+	handles chan *lossHandle
 }
 
 func (d *lossDriver) Capabilities() dlock.Capabilities { return dlock.Capabilities{} }
 func (d *lossDriver) Close() error                     { return nil }
 
 func (d *lossDriver) TryAcquire(ctx context.Context, req driver.Request) (*driver.Grant, error) {
-	h := &lossHandle{lost: make(chan struct{})}
-	d.handles <- h
-	var handle driver.Handle = h
-	if d.callback {
-		handle = &notifyingHandle{h}
+	h := &lossHandle{}
+	if d.early {
+		h.drop()
 	}
-	return &driver.Grant{Handle: handle, Lost: h.lost}, nil
+	d.handles <- h
+	return &driver.Grant{Handle: h}, nil
 }
 
 type lossHandle struct {
-	lost   chan struct{}
-	onLost func()
+	mu         sync.Mutex
+	lost       bool
+	onLost     func()
+	registered bool
 }
 
 func (h *lossHandle) Refresh(context.Context, time.Duration) (time.Duration, error) { return 0, nil }
 func (h *lossHandle) Release(context.Context) error                                 { return nil }
 func (h *lossHandle) Held(context.Context) (bool, error)                            { return true, nil }
 
+// OnLost implements driver.LossNotifier.
+func (h *lossHandle) OnLost(f func()) {
+	h.mu.Lock()
+	h.registered = true
+	if h.lost {
+		h.mu.Unlock()
+		f()
+		return
+	}
+	h.onLost = f
+	h.mu.Unlock()
+}
+
 // drop is the backend losing the lock.
 func (h *lossHandle) drop() {
-	close(h.lost)
-	if h.onLost != nil {
-		h.onLost()
+	h.mu.Lock()
+	h.lost = true
+	f := h.onLost
+	h.mu.Unlock()
+	if f != nil {
+		f()
 	}
 }
 
-type notifyingHandle struct{ *lossHandle }
-
-func (h *notifyingHandle) OnLost(f func()) { h.onLost = f }
-
-// A loss the driver reports ends the lease with ErrLost, whether through the
-// Lost channel (watched by the Locker) or through LossNotifier (no watcher).
+// A loss the driver reports through LossNotifier ends the lease with
+// ErrLost, whether it happens after the Locker registered or before.
 func TestDriverReportedLoss(t *testing.T) {
-	for _, callback := range []bool{false, true} {
-		d := &lossDriver{callback: callback, handles: make(chan *lossHandle, 1)}
+	for _, early := range []bool{false, true} {
+		d := &lossDriver{early: early, handles: make(chan *lossHandle, 1)}
 		l, err := dlock.New(d, &dlock.Options{NoRefresh: true})
 		if err != nil {
 			t.Fatal(err)
@@ -66,17 +81,20 @@ func TestDriverReportedLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 		h := <-d.handles
-		if callback && h.onLost == nil {
-			t.Error("the Locker did not register with LossNotifier")
+		h.mu.Lock()
+		registered := h.registered
+		h.mu.Unlock()
+		if !registered {
+			t.Errorf("early=%v: the Locker did not register with LossNotifier", early)
 		}
 		h.drop()
 		select {
 		case <-ls.Done():
 		case <-time.After(5 * time.Second):
-			t.Fatalf("callback=%v: the lease did not end after the driver reported loss", callback)
+			t.Fatalf("early=%v: the lease did not end after the driver reported loss", early)
 		}
 		if !errors.Is(ls.Err(), dlock.ErrLost) {
-			t.Errorf("callback=%v: Err() = %v, want ErrLost", callback, ls.Err())
+			t.Errorf("early=%v: Err() = %v, want ErrLost", early, ls.Err())
 		}
 		if err := l.Close(ctx); err != nil {
 			t.Error(err)

@@ -47,6 +47,7 @@ func TestPrimitivesBadInput(t *testing.T) {
 	if _, err := l.Leader(ctx, ""); !errors.Is(err, dlock.ErrInvalid) {
 		t.Errorf("Leader empty name: %v", err)
 	}
+	//lint:ignore SA1012 a nil ctx is what this checks
 	if _, err := l.Observe(nil, "e"); !errors.Is(err, dlock.ErrInvalid) {
 		t.Errorf("Observe nil ctx: %v", err)
 	}

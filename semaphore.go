@@ -11,9 +11,9 @@ import (
 // MaxLimit bounds a semaphore's number of permits.
 const MaxLimit = 1 << 16
 
-// ErrLimitMismatch: a permit was asked for under a limit other than the one
-// the semaphore's current holders use; nothing was taken. It also matches
-// ErrInvalid.
+// ErrLimitMismatch reports that a permit was asked for under a limit other
+// than the one the semaphore's current holders use; nothing was taken. It
+// also matches ErrInvalid.
 var ErrLimitMismatch = driver.ErrLimitMismatch
 
 // Semaphore hands out at most Limit permits of one name at a time, across

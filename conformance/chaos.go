@@ -410,7 +410,7 @@ func (r *chaosRun) client(ctx context.Context, i int, l *dlock.Locker, rng *rand
 		granted := time.Now()
 		cancel()
 		r.mu.Lock()
-		healed := r.healed
+		healed := r.healed // as of the grant: a grant after it came after the cut
 		r.mu.Unlock()
 		if err != nil {
 			kind := "other"

@@ -697,7 +697,7 @@ func testElectionOneLeader(s *suite) {
 			return err
 		}
 		if !ld.Held || ld.Candidate != me || ld.Term != term {
-			return fmt.Errorf("Leader = %+v while %s leads with term %d", ld, me, term)
+			return fmt.Errorf("another candidate's Leader = %+v while %s leads with term %d", ld, me, term)
 		}
 		iv := hold(lead, from, who, true)
 		if err := lead.Release(s.ctx); err != nil {

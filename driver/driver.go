@@ -121,10 +121,6 @@ type Grant struct {
 	// requested (etcd raises short TTLs, ZooKeeper negotiates its session
 	// timeout). Zero means as requested.
 	TTL time.Duration
-	// Lost, when not nil, is closed by the driver as soon as it learns that
-	// the lock is gone (session expired, connection lost, key deleted). The
-	// Locker turns that into the lease's loss signal.
-	Lost <-chan struct{}
 	// Sent, when not zero, is when the request that started the granted
 	// TTL was sent: for a driver that waits (Waiter), or is granted through a
 	// queue, the last request before the grant, not the start of the wait.
@@ -135,13 +131,15 @@ type Grant struct {
 	Drift time.Duration
 }
 
-// LossNotifier is implemented by Handles that can report the loss of their
-// lock through a callback, in addition to closing Grant.Lost. The Locker then
-// watches the lease without a goroutine of its own.
+// LossNotifier is implemented by Handles that learn that their lock is gone
+// (session expired, connection lost, key deleted) before a refresh would
+// find out; the Locker turns the call into the lease's loss signal, without
+// a goroutine per lease. A Handle without it is found lost by its next
+// refresh, or at its ValidUntil.
 type LossNotifier interface {
 	// OnLost registers f, called once when the driver learns that the lock
-	// is gone (when it closes Grant.Lost), at once if that has happened
-	// already. The Locker calls OnLost once, holding none of its locks; f
+	// is gone, at once if that has happened already. The Locker calls
+	// OnLost once, right after the grant, holding none of its locks; f
 	// does not block and calls nothing of the driver's.
 	OnLost(f func())
 }

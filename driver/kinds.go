@@ -51,8 +51,8 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// ErrLimitMismatch: a permit was asked for under a limit other than the one
-// its semaphore's current holders use. Nothing was taken.
+// ErrLimitMismatch reports that a permit was asked for under a limit other
+// than the one its semaphore's current holders use. Nothing was taken.
 var ErrLimitMismatch = errors.New("dlock: semaphore limit differs from its holders'")
 
 // LimitMismatch returns an error matching ErrLimitMismatch and ErrInvalid

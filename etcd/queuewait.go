@@ -3,11 +3,11 @@ package etcd
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"strings"
 	"time"
 
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -193,7 +193,7 @@ func (w *waiter) waitShared(ctx context.Context, q *queueWait) (*dlockdriver.Gra
 	gone, stop := w.keepAliveWhile(ctx)
 	defer stop()
 	r := &w.d.reg
-	backoff := retryMin
+	retry := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for {
 		r.mu.Lock()
 		lost, stale, free := q.lost, q.stale, len(q.older) == 0
@@ -204,14 +204,13 @@ func (w *waiter) waitShared(ctx context.Context, q *queueWait) (*dlockdriver.Gra
 		case stale:
 			err := w.reread(ctx, q)
 			if err == nil {
-				backoff = retryMin
+				retry.Reset()
 				continue
 			}
 			if ctx.Err() != nil || errors.Is(err, errWaiterExpired) || errors.Is(err, errWaiterKeyGone) {
 				return nil, err
 			}
-			t := time.NewTimer(backoff + rand.N(backoff/4+1))
-			backoff = min(2*backoff, retryMax)
+			t := time.NewTimer(retry.Next())
 			select {
 			case <-ctx.Done():
 				t.Stop()

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -265,16 +265,15 @@ func (w *waiter) wait(ctx context.Context) (*dlockdriver.Grant, error) {
 	gone, stop := w.keepAliveWhile(ctx)
 	defer stop()
 
-	backoff := retryMin
+	retry := backoff.Backoff{Min: retryMin, Max: retryMax}
 	// pause waits out a backend error (a lost leader, a broken connection)
 	// before the next read, unless ctx ends or the etcd lease is found gone.
 	pause := func(err error) error {
 		if ctx.Err() != nil || errors.Is(err, errWaiterExpired) {
 			return err
 		}
-		t := time.NewTimer(backoff + rand.N(backoff/4+1))
+		t := time.NewTimer(retry.Next())
 		defer t.Stop()
-		backoff = min(2*backoff, retryMax)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -318,7 +317,8 @@ func (w *waiter) wait(ctx context.Context) (*dlockdriver.Grant, error) {
 			first, err = w.query(ctx)
 		}
 		if err == nil && !first {
-			backoff, watch = retryMin, true
+			retry.Reset()
+			watch = true
 			continue
 		}
 		if err == nil {
@@ -433,7 +433,7 @@ func (w *waiter) query(ctx context.Context) (first bool, err error) {
 // ends, retrying failures with backoff; it reports on gone, and returns, when
 // the server says the etcd lease no longer exists.
 func (w *waiter) keepAlive(ctx context.Context, gone chan<- error) {
-	backoff := retryMin
+	retry := backoff.Backoff{Min: retryMin, Max: retryMax}
 	t := time.NewTimer(time.Until(w.l.lastSent().Add(w.l.granted / 3)))
 	defer t.Stop()
 	for {
@@ -445,14 +445,13 @@ func (w *waiter) keepAlive(ctx context.Context, gone chan<- error) {
 		err := w.d.keepAlive(ctx, w.l)
 		switch {
 		case err == nil:
-			backoff = retryMin
+			retry.Reset()
 			t.Reset(time.Until(w.l.lastSent().Add(w.l.granted / 3)))
 		case leaseGone(err):
 			gone <- errWaiterExpired
 			return
 		default:
-			t.Reset(backoff + rand.N(backoff/4+1))
-			backoff = min(2*backoff, retryMax)
+			t.Reset(retry.Next())
 		}
 	}
 }

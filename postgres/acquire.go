@@ -5,12 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -44,15 +44,14 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 	if err != nil {
 		return nil, err
 	}
-	backoff := retryMin
+	retry := backoff.Backoff{Min: retryMin, Max: retryMax}
 	var timer *time.Timer
 	for {
 		g, err := d.acquire(ctx, req, ms, true)
 		if err == nil || ctx.Err() != nil || !retryable(err) {
 			return g, err
 		}
-		delay := backoff + rand.N(backoff/4+1)
-		backoff = min(2*backoff, retryMax)
+		delay := retry.Next()
 		if timer == nil {
 			timer = time.NewTimer(delay)
 			defer timer.Stop()

@@ -6,12 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -215,7 +215,8 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 			return fail(false, stmtError(err))
 		}
 	}
-	backoff := retryMin
+	// The head's backoff grows no longer than a quarter of the TTL.
+	retry := backoff.Backoff{Min: retryMin, Max: max(retryMin, min(req.TTL/4, permitRetryMax))}
 	for {
 		sent := time.Now()
 		var notified bool
@@ -249,8 +250,7 @@ func (d *driver) acquirePermit(ctx context.Context, req dlockdriver.Request, ms 
 		// The head of the queue: wait for a release, or the backoff. A
 		// read deadline ends the wait (a timeout leaves the connection
 		// usable); ctx's end sets it to now.
-		delay := backoff + rand.N(backoff/4+1)
-		backoff = min(2*backoff, max(retryMin, min(req.TTL/4, permitRetryMax)))
+		delay := retry.Next()
 		conn := pg.Conn()
 		_ = conn.SetReadDeadline(time.Now().Add(delay))
 		stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Now()) })

@@ -36,7 +36,6 @@ var (
 // place.
 type metadataStmts struct {
 	store, drop, inspect string
-	created              atomic.Bool // the table is known to exist
 }
 
 func newMetadataStmts(f fenceObjects) *metadataStmts {

@@ -5,11 +5,11 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -247,7 +247,7 @@ func (q *queueDriver) acquireKind(ctx context.Context, req dlockdriver.Request) 
 	var (
 		x         *redishub.Watcher
 		sentAny   bool
-		backoff   = errBackoffMin
+		retry     = backoff.Backoff{Min: errBackoffMin, Max: errBackoffMax}
 		nextWatch time.Time
 		lastErr   error
 	)
@@ -279,7 +279,8 @@ func (q *queueDriver) acquireKind(ctx context.Context, req dlockdriver.Request) 
 		var delay time.Duration
 		switch {
 		case errors.As(err, &busy):
-			lastErr, backoff = nil, errBackoffMin
+			lastErr = nil
+			retry.Reset()
 			if x == nil && !time.Now().Before(nextWatch) {
 				var werr error
 				x, werr = d.hub.Watch(ctx, channel, "", func(string, bool) { redishub.Signal(c) })
@@ -307,8 +308,7 @@ func (q *queueDriver) acquireKind(ctx context.Context, req dlockdriver.Request) 
 			return nil, err // a limit mismatch
 		default:
 			lastErr = err
-			delay = backoff + rand.N(backoff/4+1)
-			backoff = min(2*backoff, errBackoffMax)
+			delay = retry.Next()
 		}
 		if x == nil {
 			delay = min(delay, unwatchedPoll)

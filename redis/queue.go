@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -153,7 +153,7 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 		sentAny   bool
 		floor     time.Time // lower bound on when a handoff to us happened
 		known     uint64    // the counter seen by the last busy reply
-		backoff   = errBackoffMin
+		retry     = backoff.Backoff{Min: errBackoffMin, Max: errBackoffMax}
 		nextWatch time.Time
 		lastErr   error
 	)
@@ -221,12 +221,12 @@ func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *
 				return nil, done()
 			}
 			lastErr = err
-			delay = backoff + rand.N(backoff/4+1)
-			backoff = min(2*backoff, errBackoffMax)
+			delay = retry.Next()
 		case r.kind != replyBusy:
 			return d.waitGrant(keys, token, r, sent, floor, meta), nil
 		default:
-			lastErr, backoff = nil, errBackoffMin
+			lastErr = nil
+			retry.Reset()
 			delay = life / 3
 			if r.pttl >= 0 && time.Duration(r.pttl)*time.Millisecond+time.Millisecond < delay {
 				delay = time.Duration(r.pttl)*time.Millisecond + time.Millisecond

@@ -9,7 +9,6 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/redislog"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -26,7 +25,6 @@ func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
 		return nil, err
 	}
 	client := goredis.NewClient(gopts)
-	client.AddHook(redislog.Hook{}) // go-redis logs nothing of this client's to stderr
 	d := newDriver(client, opts, true)
 	d.addr = dlockdriver.RedactURL(u)
 	if d.compat {

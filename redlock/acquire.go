@@ -396,6 +396,10 @@ func (a *acquisition) decide(ctx context.Context) (*dlockdriver.Grant, error) {
 					if limit := a.start.Add((a.req.TTL - drift) / 2); deadline.After(limit) {
 						deadline = limit
 					}
+					// Not internal/backoff: the leader's retries wait for
+					// the other contenders to give nodes back, so they
+					// scale with the first round's time (e/2, doubling)
+					// and end at its deadline, not at fixed bounds.
 					backoff = e / 2
 				default:
 					a.announce = false // a retreat from a lost vote wakes nobody

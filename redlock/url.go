@@ -11,7 +11,6 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
-	"github.com/dlock/dlock/internal/redislog"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -29,9 +28,7 @@ func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
 	}
 	clients := make([]goredis.UniversalClient, len(nodes))
 	for i, o := range nodes {
-		c := goredis.NewClient(o)  // connects lazily
-		c.AddHook(redislog.Hook{}) // go-redis logs nothing of this client's to stderr
-		clients[i] = c
+		clients[i] = goredis.NewClient(o) // connects lazily
 	}
 	d, err := newDriver(clients, opts, true)
 	if err != nil {

@@ -213,6 +213,9 @@ func (w *releaseWatch) armFallback() {
 	if w.d == nil {
 		return
 	}
+	// Not internal/backoff: a fallback wakes waiters anywhere in [quiet,
+	// 2×quiet) so that those of one name spread out, and it doubles only
+	// when it fired (fellBack), not on every arming.
 	w.quiet = min(max(w.quiet, fallbackMin), fallbackMax)
 	d := w.quiet + mrand.N(w.quiet)
 	if w.fallback == nil {

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
+
+	ibackoff "github.com/dlock/dlock/internal/backoff"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -100,19 +101,18 @@ func inDoubt(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-// backoff is a doubling, jittered delay between retries: 10ms to 1s.
-type backoff struct{ d time.Duration }
+// backoff is the driver's delay between retries: internal/backoff's, from
+// 10ms to 1s. Its zero value is ready (the driver's loops declare it and
+// reset it with backoff{}).
+type backoff struct{ b ibackoff.Backoff }
 
 // sleep waits for the next delay; it returns false if ctx ended first. It
 // also returns early when wake (if not nil) is closed.
 func (b *backoff) sleep(ctx context.Context, wake <-chan struct{}) bool {
-	switch {
-	case b.d == 0:
-		b.d = 10 * time.Millisecond
-	case b.d < time.Second:
-		b.d = min(2*b.d, time.Second)
+	if b.b.Max == 0 {
+		b.b = ibackoff.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
 	}
-	t := time.NewTimer(b.d + rand.N(b.d/4+1))
+	t := time.NewTimer(b.b.Next())
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -25,7 +25,7 @@ type handle struct {
 	c    *claim // ended (unclaimed) when the handle is
 	path string
 	data []byte
-	lost chan struct{} // closed when the node's session ends
+	lost chan struct{} // closed when the node's session ends, before onLost is called
 
 	mu     sync.Mutex
 	onLost func()   // called once lost is closed (dlockdriver.LossNotifier)

@@ -411,5 +411,5 @@ func (d *driver) grant(s *session, c *claim, n node, req dlockdriver.Request, se
 	if req.Kind == dlockdriver.KindLock || req.Kind == dlockdriver.KindWrite {
 		fence = uint64(n.czxid)
 	}
-	return &dlockdriver.Grant{Handle: h, Fence: fence, TTL: ttl, Lost: h.lost, Sent: sent}
+	return &dlockdriver.Grant{Handle: h, Fence: fence, TTL: ttl, Sent: sent}
 }

@@ -4,8 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"github.com/dlock/dlock/internal/testexport/zookeeperexport"
 	"time"
+
+	"github.com/dlock/dlock/internal/testexport/zookeeperexport"
 
 	"github.com/dlock/dlock"
 	"github.com/go-zookeeper/zk"

@@ -413,8 +413,3 @@ func (d *driver) untrack(h *handle) {
 	delete(d.handles, h)
 	d.mu.Unlock()
 }
-
-// notHeld is the error of a lease whose node is gone.
-func notHeld(path, why string) error {
-	return fmt.Errorf("%w: zookeeper: %s %s", dlock.ErrNotHeld, path, why)
-}

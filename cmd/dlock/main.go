@@ -19,9 +19,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/redis/go-redis/v9/logging"
 )
 
 func main() {
+	// dlock reports every error itself; go-redis's process-wide logger
+	// would repeat them (a failed dial) on stderr, between a command's own
+	// lines under dlock run. The library leaves that logger to the
+	// application; this one turns it off.
+	logging.Disable()
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/internal/backoff"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -23,7 +24,9 @@ const (
 	// ReadWake bounds each read on the pub/sub connection, so that the
 	// receive loop can check for unanswered commands. It sends nothing.
 	ReadWake = time.Second
-	// maxBackoff bounds the delay between reconnection attempts.
+	// minBackoff and maxBackoff bound the delay between reconnection
+	// attempts.
+	minBackoff = 10 * time.Millisecond
 	maxBackoff = time.Second
 )
 
@@ -312,7 +315,7 @@ func Signal(c chan struct{}) {
 // with the waiters.
 func (h *Hub) writeLoop() {
 	defer h.wg.Done()
-	backoff := time.Duration(0)
+	retry := backoff.Backoff{Min: minBackoff, Max: maxBackoff}
 	for {
 		select {
 		case <-h.ctx.Done():
@@ -320,13 +323,12 @@ func (h *Hub) writeLoop() {
 		case <-h.kick:
 		}
 		if err := h.flush(); err != nil {
-			backoff = min(max(2*backoff, 10*time.Millisecond), maxBackoff)
-			if !sleep(h.ctx, backoff) {
+			if !retry.Sleep(h.ctx) {
 				return
 			}
 			Signal(h.kick) // the new epoch has everything to resubscribe
 		} else {
-			backoff = 0
+			retry.Reset()
 		}
 	}
 }
@@ -413,7 +415,7 @@ func (h *Hub) forgetIfIdle(w *watched) {
 // and pongs. It parks while there is nothing to read.
 func (h *Hub) receiveLoop() {
 	defer h.wg.Done()
-	backoff := time.Duration(0)
+	retry := backoff.Backoff{Min: minBackoff, Max: maxBackoff}
 	for {
 		h.mu.Lock()
 		if h.closed {
@@ -433,7 +435,7 @@ func (h *Hub) receiveLoop() {
 		}
 		msg, err := ps.ReceiveTimeout(h.ctx, ReadWake)
 		if err == nil {
-			backoff = 0
+			retry.Reset()
 			h.received(epoch, msg)
 			continue
 		}
@@ -446,8 +448,7 @@ func (h *Hub) receiveLoop() {
 			continue
 		}
 		if h.endEpoch(epoch) {
-			backoff = min(max(2*backoff, 10*time.Millisecond), maxBackoff)
-			if !sleep(h.ctx, backoff) {
+			if !retry.Sleep(h.ctx) {
 				return
 			}
 		}
@@ -598,18 +599,6 @@ func (h *Hub) Close() error {
 		return fmt.Errorf("%s: closing the pub/sub connection: %w", h.name, err)
 	}
 	return nil
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // GlobEscape escapes the glob characters of a SCAN MATCH pattern.

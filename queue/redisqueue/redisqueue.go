@@ -11,7 +11,6 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/internal/redisclient"
 	"github.com/dlock/dlock/internal/redishub"
-	"github.com/dlock/dlock/internal/redislog"
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
 	"github.com/dlock/dlock/redis"
@@ -74,7 +73,6 @@ func openTasks(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
 		return nil, fmt.Errorf("%w: redis: compat=true is a lock layout; task queues have one layout", dlock.ErrInvalid)
 	}
 	client := goredis.NewClient(gopts)
-	client.AddHook(redislog.Hook{})
 	return newTaskDriver(client, &QueueOptions{KeyPrefix: opts.KeyPrefix}, true), nil
 }
 
