@@ -444,7 +444,7 @@ func (l *Locker) Close(ctx context.Context) error {
 		return c.err(nil)
 	default:
 	}
-	return c.err(ctx)
+	return c.err(ctx.Err())
 }
 
 // closing is the work of one Close: it runs in a goroutine of its own, so
@@ -533,10 +533,10 @@ func (c *closing) run(ctx context.Context) {
 	c.mu.Unlock()
 }
 
-// err returns Close's error: the failures so far and, when ctx (not nil)
-// ended Close before run finished, what was left to do. It ends the leases
-// whose release had not returned.
-func (c *closing) err(ctx context.Context) error {
+// err returns Close's error: the failures so far and, when cut (Close's
+// ctx's error, nil when run finished) ended Close before run finished, what
+// was left to do. It ends the leases whose release had not returned.
+func (c *closing) err(cut error) error {
 	c.mu.Lock()
 	errs := slices.Clone(c.errs)
 	stage := c.stage
@@ -548,7 +548,7 @@ func (c *closing) err(ctx context.Context) error {
 		}
 	}
 	c.mu.Unlock()
-	if ctx == nil || stage == closeDone {
+	if cut == nil || stage == closeDone {
 		return errors.Join(errs...)
 	}
 	for _, ls := range unreleased {
@@ -574,7 +574,7 @@ func (c *closing) err(ctx context.Context) error {
 	if stage <= closeDriver {
 		left = append(left, "closing the driver abandoned; it goes on in the background")
 	}
-	return errors.Join(append([]error{fmt.Errorf("dlock: Close: %w before the clean-up finished: %s", ctx.Err(), strings.Join(left, "; "))}, errs...)...)
+	return errors.Join(append([]error{fmt.Errorf("dlock: Close: %w before the clean-up finished: %s", cut, strings.Join(left, "; "))}, errs...)...)
 }
 
 // plural returns "n one" or "n many" as n is 1 or not.
