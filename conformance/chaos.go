@@ -391,7 +391,10 @@ wait:
 
 // client loops Acquire → fenced write → hold → fenced write → Release on
 // the run's name until ctx ends, or, after the last heal, until it has been
-// granted once (closing recovered).
+// granted once (closing recovered). It is one long loop on purpose (its
+// cyclomatic complexity is 44): each step records an event the checks read,
+// and the classification of every error a step can return sits beside the
+// step, in the order the run meets them.
 func (r *chaosRun) client(ctx context.Context, i int, l *dlock.Locker, rng *rand.Rand, recovered chan struct{}) {
 	s := r.s
 	ttl := s.cfg.TTL
