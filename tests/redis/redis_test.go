@@ -2,8 +2,6 @@ package redis_test
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +17,7 @@ import (
 	"github.com/dlock/dlock/conformance/faultnet"
 	"github.com/dlock/dlock/dlocktest"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/testexport/redisexport"
 	"github.com/dlock/dlock/redis"
 	"github.com/dlock/dlock/tests/internal/testutil"
 	"github.com/go-redsync/redsync/v4"
@@ -157,14 +156,7 @@ func (a *attempts) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 }
 
 // acquireSHA is the SHA-1 that EVALSHA names acquire.lua by.
-var acquireSHA = func() string {
-	src, err := os.ReadFile("acquire.lua")
-	if err != nil {
-		panic(err)
-	}
-	sum := sha1.Sum(src)
-	return hex.EncodeToString(sum[:])
-}()
+var acquireSHA = redisexport.AcquireScript.Hash()
 
 // waitSubscribers waits until channel has n subscribers on the server.
 func waitSubscribers(t *testing.T, raw *goredis.Client, channel string, n int64) {
