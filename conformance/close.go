@@ -89,7 +89,10 @@ func testCloseWithinContext(s *suite) {
 
 	// The newer holder's locker connects after the backend came back: a
 	// pause may end the sessions it finds open when it resumes.
-	b, _ := s.locker(s.opts())
+	// Its lease is long (5s at least, whatever the suite's TTL): at a 100ms
+	// MinTTL, load alone can make its watchdog miss, which says nothing of
+	// the clean-up.
+	b, _ := s.locker(s.opts(ttl(max(s.cfg.TTL, 5*time.Second))))
 	s.warm(b)
 	// The attempt may reach the backend only now (a paused server reads it
 	// on resuming) and hold the name for its TTL at worst; the newer
