@@ -85,8 +85,9 @@ func (l *Locker) canElect() error {
 }
 
 // Leader says who leads the election name now (Held false when nobody
-// does, or while a leader has not recorded its candidate yet). The answer may be stale by the time it arrives: a candidate that
-// must know whether it leads looks at its own lease.
+// does, or while a leader has not recorded its candidate yet). The answer
+// may be stale by the time it arrives: a candidate that must know whether
+// it leads looks at its own lease.
 func (l *Locker) Leader(ctx context.Context, name string) (Leader, error) {
 	if err := ValidateName(name); err != nil {
 		return Leader{}, err
