@@ -440,6 +440,7 @@ func (a *acquisition) decide(ctx context.Context) (*dlockdriver.Grant, error) {
 			dlock.ErrNotAcquired, a.keys[0], elapsed.Round(time.Microsecond), a.req.TTL, drift)
 	}
 	a.won = true
+	a.d.hold(a.req.Token, a.h)
 	return &dlockdriver.Grant{
 		Handle: a.h,
 		Fence:  a.fence,
@@ -642,6 +643,7 @@ func (d *driver) handedGrant(ctx context.Context, req dlockdriver.Request, rw *r
 	rw.mu.Lock()
 	rw.granted, rw.lease = true, h
 	rw.mu.Unlock()
+	d.hold(req.Token, h)
 	return &dlockdriver.Grant{
 		Handle: h,
 		Fence:  fence,
