@@ -86,7 +86,9 @@ type WaitNotifier interface {
 // by the TTL, to remove the lock if req.Token holds it, so that a cancelled
 // acquisition does not leave a lock that nobody holds until it expires.
 // Every attempt of a wait uses a token of its own, so an abandon never
-// removes a later attempt's grant.
+// removes a later attempt's grant. The Locker also calls Abandon with the
+// request of a lease that ends at its ValidUntil unrefreshed, so that a
+// refresh still on its way cannot keep what was declared lost.
 type Abandoner interface {
 	Abandon(ctx context.Context, req Request) error
 }

@@ -452,6 +452,7 @@ func (a *acquisition) decide(ctx context.Context) (*dlockdriver.Grant, error) {
 			dlock.ErrGrantExpired, a.keys[0], elapsed.Round(time.Microsecond), a.req.TTL, drift)
 	}
 	a.won = true
+	a.d.hold(a.req.Token, a.h)
 	return &dlockdriver.Grant{
 		Handle: a.h,
 		Fence:  a.fence,
@@ -654,6 +655,7 @@ func (d *driver) handedGrant(ctx context.Context, req dlockdriver.Request, rw *r
 	rw.mu.Lock()
 	rw.granted, rw.lease = true, h
 	rw.mu.Unlock()
+	d.hold(req.Token, h)
 	return &dlockdriver.Grant{
 		Handle: h,
 		Fence:  fence,

@@ -151,6 +151,7 @@ func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 		live:        map[string]bool{},
 		gone:        map[string]goneWait{},
 		waits:       map[string]*wait{},
+		held:        map[string]*handle{},
 	}
 	if d.prefix == "" && !d.compat {
 		d.prefix = DefaultKeyPrefix
@@ -217,6 +218,9 @@ type driver struct {
 	goneIDs  []string                              // gone's ids, oldest first
 	waits    map[string]*wait                      // by Request.Wait (see WatchWait)
 	closing  bool
+
+	hmu  sync.Mutex
+	held map[string]*handle // the leases granted and not yet ended, by their Request.Token (see Abandon)
 
 	// bg counts the requests still running after the call that made them
 	// returned (a majority had decided): each is bounded by the node timeout.
@@ -501,6 +505,7 @@ type handle struct {
 	d        *driver
 	keys     []string
 	token    string
+	lease    string          // the Request.Token it was granted for (token, unless handed to a wait)
 	acquired []chan struct{} // closed when the node's part of the acquisition is over
 
 	mu       sync.Mutex
@@ -529,6 +534,7 @@ func (h *handle) afterEnd(give func()) {
 // end marks the lease released and gives back what was handed to its wait
 // meanwhile (see missed).
 func (h *handle) end() {
+	h.d.unhold(h.lease)
 	h.mu.Lock()
 	h.ended = true
 	late := h.late
@@ -596,6 +602,45 @@ func (h *handle) cleanUp(ctx context.Context) {
 			_, _ = nd.release(ctx, h.timeout(), true, h.keys, h.token, true)
 		}()
 	}
+}
+
+// hold records a granted lease until it ends (see Abandon).
+func (d *driver) hold(lease string, h *handle) {
+	h.lease = lease
+	d.hmu.Lock()
+	d.held[lease] = h
+	d.hmu.Unlock()
+}
+
+// unhold forgets a lease that has ended, returning its handle if it was
+// still recorded.
+func (d *driver) unhold(lease string) *handle {
+	d.hmu.Lock()
+	defer d.hmu.Unlock()
+	h := d.held[lease]
+	delete(d.held, lease)
+	return h
+}
+
+// Abandon gives up the lock of a lease the Locker declared lost at its
+// ValidUntil (dlockdriver.Abandoner): it releases it as Release does, on
+// every node that may hold its token, handing it to the next waiter. A
+// refresh of the lease still on its way to a node (sent before the loss,
+// held up on the path long after the client stopped waiting for it) would
+// otherwise extend the lock there for another TTL: it finds the lock gone
+// if it arrives after the release, and the release removes what it
+// extended if it arrived before. Both are token-checked, so neither touches
+// a newer holder's lock.
+//
+// A token that is not a granted lease's costs nothing: the Locker also
+// calls Abandon after every failed attempt that was not busy, and an
+// acquisition gives back what it took by itself (see TryAcquire).
+func (d *driver) Abandon(ctx context.Context, req dlockdriver.Request) error {
+	h := d.unhold(req.Token)
+	if h == nil {
+		return nil
+	}
+	return h.Release(ctx)
 }
 
 func (h *handle) timeout() time.Duration {
@@ -683,7 +728,8 @@ func (h *handle) Release(ctx context.Context) error {
 }
 
 // Held reads the lock key on every node: true once a majority holds the
-// token, false once a majority does not.
+// token, false once a majority does not (the lease is then lost, and what
+// is left of its lock removed, as Refresh does).
 func (h *handle) Held(ctx context.Context) (bool, error) {
 	d := h.d
 	n, q := len(d.nodes), d.quorum
@@ -720,6 +766,7 @@ func (h *handle) Held(ctx context.Context) (bool, error) {
 			return true, nil
 		}
 		if not > n-q {
+			h.cleanUp(ctx)
 			return false, nil
 		}
 	}
