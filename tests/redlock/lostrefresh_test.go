@@ -8,6 +8,7 @@ import (
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/conformance"
 	"github.com/dlock/dlock/redlock"
+	"github.com/dlock/dlock/tests/internal/testutil"
 )
 
 // A refresh held up on the holder's path until around its lease's
@@ -30,14 +31,14 @@ func TestRefreshAfterDeclaredLossDoesNotExtend(t *testing.T) {
 		{"before the loss", -ttl / 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := testutil.Ctx(t)
 			ca, pa := c.proxied(t)
 			o := &redlock.Options{NodeTimeout: 250 * time.Millisecond}
 			o.Defaults = dlock.Options{TTL: ttl, NoRefresh: true}
 			a := newLocker(t, ca, o)
 			o.Defaults.NoRefresh = false
 			b := newLocker(t, c.clients(t), o)
-			name := "late-refresh-" + randomHex(6)
+			name := "late-refresh-" + testutil.RandomHex(6)
 			for _, l := range []*dlock.Locker{a, b} { // warm: connections dialled, scripts loaded
 				ls, err := l.Acquire(ctx, name+"/warm", nil)
 				if err != nil {
