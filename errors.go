@@ -3,6 +3,7 @@ package dlock
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/dlock/dlock/driver"
 )
@@ -57,3 +58,78 @@ var (
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }
+
+// joinLine is errors.Join on one line, for the errors of an acquisition
+// (ErrNotAcquired, the ctx's error, the last attempt's): Error is the first
+// error's message, ": ", then the others' separated by "; " (each without
+// the first's message as its own prefix), and errors.Is and errors.As see
+// every one. Joined errors (joinLine's and errors.Join's) are flattened, a
+// repeated error is kept once and nils are dropped; a single error is
+// returned as it is.
+func joinLine(errs ...error) error {
+	var flat []error
+	var add func(err error)
+	add = func(err error) {
+		if err == nil {
+			return
+		}
+		if parts := joined(err); parts != nil {
+			for _, p := range parts {
+				add(p)
+			}
+			return
+		}
+		for _, k := range flat {
+			if k.Error() == err.Error() && errors.Is(err, k) {
+				return
+			}
+		}
+		flat = append(flat, err)
+	}
+	for _, err := range errs {
+		add(err)
+	}
+	switch len(flat) {
+	case 0:
+		return nil
+	case 1:
+		return flat[0]
+	}
+	return &lineError{flat}
+}
+
+// joined returns the errors err joins, if it is a joinLine or errors.Join
+// error (whose message is its errors' messages, one per line), else nil.
+func joined(err error) []error {
+	if e, ok := err.(*lineError); ok {
+		return e.errs
+	}
+	m, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return nil
+	}
+	parts := m.Unwrap()
+	msgs := make([]string, 0, len(parts))
+	for _, p := range parts {
+		if p != nil {
+			msgs = append(msgs, p.Error())
+		}
+	}
+	if err.Error() != strings.Join(msgs, "\n") {
+		return nil // its own message says more than its parts: keep it whole
+	}
+	return parts
+}
+
+type lineError struct{ errs []error }
+
+func (e *lineError) Error() string {
+	first := e.errs[0].Error()
+	rest := make([]string, 0, len(e.errs)-1)
+	for _, err := range e.errs[1:] {
+		rest = append(rest, strings.TrimPrefix(err.Error(), first+": "))
+	}
+	return first + ": " + strings.Join(rest, "; ")
+}
+
+func (e *lineError) Unwrap() []error { return e.errs }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -144,3 +145,97 @@ func ExampleLocker_Elect() {
 	// pod-a leads, term matches: true
 	// after resigning, anyone leads: false
 }
+
+// A semaphore, a read lock and an election on one Locker: the README's
+// snippet is encodeAndControl's body.
+func Example_primitives() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-primitives")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	if err := encodeAndControl(ctx, locker, "pod-a"); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// pod-a leads, in the term of its lease: true
+	// controlling while leading
+}
+
+func encodeAndControl(ctx context.Context, locker *dlock.Locker, podName string) error {
+	sem, err := locker.Semaphore("encoders", 3) // at most 3 permits at once, everywhere
+	if err != nil {
+		return err // errors.ErrUnsupported where the backend has no semaphores
+	}
+	permit, err := sem.Acquire(ctx, nil) // a *dlock.Lease; TryAcquire tries once
+	if err != nil {
+		return err
+	}
+	defer permit.Release(ctx)
+
+	rw, err := locker.RWLock("catalog")
+	if err != nil {
+		return err
+	}
+	r, err := rw.RLock(ctx, nil) // readers share; Lock excludes everyone
+	if err != nil {
+		return err
+	}
+	defer r.Release(ctx)
+
+	lead, err := locker.Elect(ctx, "controller", podName, nil) // returns once this candidate leads
+	if err != nil {
+		return err
+	}
+	defer lead.Release(ctx)                      // resigns
+	who, err := locker.Leader(ctx, "controller") // who leads, since when, which term; Observe streams changes
+	if err != nil {
+		return err
+	}
+	term, _ := lead.Fence() // the term: strictly increasing from leader to leader
+	fmt.Println(who.Candidate, "leads, in the term of its lease:", who.Term == term)
+	return runController(lead.Context(), term) // lead.Context() ends when leadership is lost
+}
+
+func runController(ctx context.Context, term uint64) error {
+	if ctx.Err() == nil {
+		fmt.Println("controlling while leading")
+	}
+	return nil
+}
+
+// A logger for losses, failures and slow acquisitions, and a hook feeding
+// metrics: the README's Observability snippet.
+func ExampleLocker_SetObserver() {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://example-observer")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(ctx)
+
+	l.SetObserver(dlock.Observer{
+		Logger:      slog.Default(),  // losses: Error; refresh failures: Warn; slow acquisitions: Info; the rest: Debug
+		SlowAcquire: 2 * time.Second, // log acquisitions that waited this long
+		Hook: func(ev dlock.Event) { // acquired (wait), acquire_failed, released (held), refresh_failed, lost (reason)
+			metrics.Observe(ev.Kind.String(), ev.Name, ev.Duration)
+		},
+	})
+
+	lease, err := l.Acquire(ctx, "nightly-report", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = lease.Release(ctx)
+	// Output:
+	// acquired nightly-report
+	// released nightly-report
+}
+
+// metrics stands for an application's metrics library.
+var metrics printMetrics
+
+type printMetrics struct{}
+
+func (printMetrics) Observe(kind, name string, d time.Duration) { fmt.Println(kind, name) }

@@ -138,7 +138,7 @@ func (l *Locker) acquire(ctx context.Context, obj object, opts *Options, wait bo
 // acquireValid is acquire once the input is valid.
 func (l *Locker) acquireValid(ctx context.Context, obj object, o Options, wait bool) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, errors.Join(ErrNotAcquired, err)
+		return nil, joinLine(ErrNotAcquired, err)
 	}
 	// actx ends with ctx, or when Close cancels it with ErrClosed. A ctx
 	// that never ends and carries nothing needs no context of its own: the
@@ -191,14 +191,14 @@ func (l *Locker) acquireValid(ctx context.Context, obj object, o Options, wait b
 func waitError(ctx, actx context.Context, err error) error {
 	switch {
 	case ctx.Err() == nil && errors.Is(context.Cause(actx), ErrClosed):
-		return errors.Join(ErrNotAcquired, ErrClosed)
+		return joinLine(ErrNotAcquired, ErrClosed)
 	case ctx.Err() != nil:
 		if errors.Is(err, ctx.Err()) && errors.Is(err, ErrNotAcquired) {
-			return err
+			return joinLine(err)
 		}
-		return errors.Join(ErrNotAcquired, ctx.Err(), err)
+		return joinLine(ErrNotAcquired, ctx.Err(), err)
 	}
-	return err
+	return joinLine(err)
 }
 
 // queue is the waiting for drivers whose backend queues waiters: one
@@ -221,13 +221,13 @@ func (l *Locker) queue(ctx context.Context, req *driver.Request, o Options) (*dr
 		}
 		if !errors.Is(err, ErrGrantExpired) {
 			if expired != nil {
-				err = errors.Join(err, expired)
+				err = joinLine(err, expired)
 			}
 			return nil, sent, err
 		}
 		expired = err
 		if !retry.Sleep(ctx) {
-			return nil, sent, errors.Join(ErrNotAcquired, expired)
+			return nil, sent, joinLine(ErrNotAcquired, expired)
 		}
 	}
 }
@@ -309,7 +309,7 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 			return g, sent, nil
 		}
 		if ctx.Err() != nil {
-			return nil, sent, errors.Join(ErrNotAcquired, lastErr)
+			return nil, sent, joinLine(ErrNotAcquired, lastErr)
 		}
 		var delay time.Duration
 		var busy *driver.BusyError
@@ -356,7 +356,7 @@ func (l *Locker) poll(ctx context.Context, req *driver.Request, o Options) (*dri
 		timer.Reset(delay)
 		select {
 		case <-ctx.Done():
-			return nil, sent, errors.Join(ErrNotAcquired, lastErr)
+			return nil, sent, joinLine(ErrNotAcquired, lastErr)
 		case <-notify:
 			if !timer.Stop() {
 				<-timer.C

@@ -68,8 +68,31 @@ func (s *Semaphore) Acquire(ctx context.Context, opts *Options) (*Lease, error) 
 // TryAcquire makes exactly one attempt, as Locker.TryAcquire does: it fails
 // with ErrNotAcquired when all permits are held.
 func (s *Semaphore) TryAcquire(ctx context.Context, opts *Options) (*Lease, error) {
-	return s.l.acquire(ctx, object{name: s.name, kind: driver.KindPermit, limit: s.limit}, opts, false)
+	ls, err := s.l.acquire(ctx, object{name: s.name, kind: driver.KindPermit, limit: s.limit}, opts, false)
+	if busy, ok := err.(*driver.BusyError); ok {
+		err = &semaphoreFull{busy: busy, name: s.name, limit: s.limit}
+	}
+	return ls, err
 }
+
+// semaphoreFull is a driver's *BusyError for a semaphore, in a
+// semaphore's words; it unwraps to the *BusyError (so matches
+// ErrNotAcquired).
+type semaphoreFull struct {
+	busy  *driver.BusyError
+	name  string
+	limit int
+}
+
+func (e *semaphoreFull) Error() string {
+	msg := fmt.Sprintf("%v: all %d permits of semaphore %q are held", ErrNotAcquired, e.limit, e.name)
+	if e.busy.RetryAfter > 0 {
+		msg += fmt.Sprintf(" (one is free in %v at the latest unless refreshed)", e.busy.RetryAfter)
+	}
+	return msg
+}
+
+func (e *semaphoreFull) Unwrap() error { return e.busy }
 
 // unsupported is the error for a primitive the backend does not offer.
 func unsupported(what string) error {

@@ -15,8 +15,7 @@ BASE_IMAGE=debian:bookworm-slim
 if ! docker info >/dev/null 2>&1; then
   if ! command -v dockerd >/dev/null 2>&1; then
     log "installing docker.io from Debian"
-    sudo_ apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive sudo_ apt-get install -y -qq docker.io >/dev/null
+    bash "$(dirname "$0")/apt-install.sh" docker.io
   fi
   if ! docker info >/dev/null 2>&1; then
     log "starting dockerd"
@@ -36,8 +35,7 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   else
     log "no registry reachable: building $BASE_IMAGE with debootstrap"
     if ! command -v debootstrap >/dev/null 2>&1; then
-      sudo_ apt-get update -qq
-      DEBIAN_FRONTEND=noninteractive sudo_ apt-get install -y -qq debootstrap >/dev/null
+      bash "$(dirname "$0")/apt-install.sh" debootstrap
     fi
     dir=$(mktemp -d /tmp/dlock-rootfs.XXXXXX)
     trap 'sudo_ rm -rf "$dir"' EXIT

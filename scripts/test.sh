@@ -23,9 +23,7 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   step "apt-get install ${missing[*]}"
-  if [ "$(id -u)" -eq 0 ]; then sudo_=""; else sudo_=sudo; fi
-  $sudo_ apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
+  bash scripts/apt-install.sh "${missing[@]}"
 fi
 
 step "gofmt -l ."

@@ -56,7 +56,9 @@ other exits with 75):
 
 	0 2 * * * dlock run -url redis://locks:6379/0 -try nightly-batch -- /opt/batch/run.sh
 
-Flags:
+Flags, before or after NAME (they end at "--", after which everything is
+COMMAND's; before "--", a word starting with "-" is a flag, and an unknown
+one is bad usage):
 `
 
 // runMain is `dlock run`.
@@ -87,10 +89,17 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(rest) == 0 {
 		return usageErr("no lock name")
 	}
-	name, rest := rest[0], rest[1:]
-	if len(rest) > 0 && rest[0] == "--" {
-		rest = rest[1:]
+	// Flags may come after NAME too: they end at "--" (which Parse drops)
+	// or at the first word that is not a flag, COMMAND's. A word starting
+	// with "-" before "--" is a flag, never COMMAND.
+	name := rest[0]
+	if err := fs.Parse(rest[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitUsage
 	}
+	rest = fs.Args()
 	switch {
 	case len(rest) == 0:
 		return usageErr("no command to run")

@@ -63,6 +63,8 @@ func TestRunUsage(t *testing.T) {
 		{"no url", []string{"run", "job", "--", "true"}, "DLOCK_URL"},
 		{"unknown scheme", []string{"run", "-url", "nosuch://h", "job", "--", "true"}, "forgotten import"},
 		{"unknown flag", []string{"run", "-frobnicate", "job", "--", "true"}, "frobnicate"},
+		{"unknown flag after the name", []string{"run", "-url", "mem://", "job", "-v", "--", "echo", "hi"}, "-v"},
+		{"usage error after the name", []string{"run", "-url", "mem://", "job", "-try", "-wait", "1s", "--", "true"}, "exclude"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("DLOCK_URL", "")
@@ -102,6 +104,21 @@ func TestRunEnvAndStatus(t *testing.T) {
 	}
 	if code, _, errOut := runDlock(t, "run", "-url", "mem://", "job", "--", "/nonexistent/cmd"); code != exitFailed {
 		t.Errorf("missing command: status %d, want %d; stderr:\n%s", code, exitFailed, errOut)
+	}
+}
+
+// Flags after the lock name, before "--", are dlock run's own, as before
+// it; what follows "--" (or the first word that is not a flag) is the
+// command's.
+func TestRunFlagsAfterName(t *testing.T) {
+	t.Setenv("DLOCK_URL", "")
+	code, out, errOut := runDlock(t, "run", "job", "-url", "mem://", "-ttl", "5s", "--", "sh", "-c", "echo $DLOCK_NAME -v; exit 3")
+	if code != 3 || out != "job -v\n" {
+		t.Errorf("status %d, stdout %q; want 3 and \"job -v\"; stderr:\n%s", code, out, errOut)
+	}
+	code, out, errOut = runDlock(t, "run", "-url", "mem://", "job", "echo", "-v")
+	if code != 0 || out != "-v\n" {
+		t.Errorf("without --: status %d, stdout %q; want 0 and \"-v\"; stderr:\n%s", code, out, errOut)
 	}
 }
 

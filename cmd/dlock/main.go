@@ -7,6 +7,7 @@
 //	                      run a command while holding a lock
 //	dlock inspect [-json] URL [NAME | -prefix P]
 //	                      show who holds a lock and who waits
+//	dlock version         show dlock's version, commit and Go version
 //	dlock help [command]  show help
 //
 // See `dlock help bench` for the benchmark's flags and what it measures,
@@ -46,6 +47,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runMain(ctx, rest, stdout, stderr)
 	case "inspect":
 		return inspectMain(ctx, rest, stdout, stderr)
+	case "version", "-version", "--version":
+		return versionMain(rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		if len(rest) == 0 {
 			usage(stdout)
@@ -84,6 +87,8 @@ Usage:
 	dlock inspect [-json] URL [NAME | -prefix P]
 	                      show who holds a lock, since when, its TTL left,
 	                      fence and waiters (dlock help inspect)
+	dlock version         show dlock's version, commit and Go version
+	                      (also dlock --version)
 	dlock help [command]  show help, e.g. dlock help bench
 `)
 }

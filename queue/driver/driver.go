@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/dlock/dlock/internal/registry"
@@ -43,6 +44,22 @@ const (
 	Replaced                      // the id was queued; payload and due time replaced
 	Rescheduled                   // the id was queued; due time replaced
 )
+
+// String is the result in a word: "added", "kept", "replaced",
+// "rescheduled".
+func (r Result) String() string {
+	switch r {
+	case Added:
+		return "added"
+	case Kept:
+		return "kept"
+	case Replaced:
+		return "replaced"
+	case Rescheduled:
+		return "rescheduled"
+	}
+	return "Result(" + strconv.Itoa(int(r)) + ")"
+}
 
 // EnqueueRequest is one Enqueue. The task is due at At, or, when At is
 // zero, Delay after the server's now.

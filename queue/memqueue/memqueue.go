@@ -1,6 +1,7 @@
 package memqueue
 
 import (
+	"container/heap"
 	"context"
 	"net/url"
 	"runtime"
@@ -68,9 +69,13 @@ func stateOf(s *memory.Store) *store {
 	return st
 }
 
-// taskQueue is one queue's state in a store, under the store's lock.
+// taskQueue is one queue's state in a store, under the store's lock. Its
+// waiting tasks are indexed by due time and its claimed ones by claim
+// expiry, so that a claim, pop or ack costs O(log n) in the queue's length.
 type taskQueue struct {
 	tasks    map[string]*memTask
+	waiting  taskHeap // waiting tasks, by due time then id
+	claimed  taskHeap // claimed tasks, by claim expiry
 	watchers map[chan struct{}]struct{}
 }
 
@@ -82,6 +87,109 @@ type memTask struct {
 	token    string    // "" unless claimed
 	until    time.Time // claimed: the claim's deadline
 	dead     time.Time // not zero: dead-lettered then
+	wi, ci   int       // index in taskQueue.waiting, .claimed; -1 when not there
+}
+
+// taskHeap is a container/heap of tasks ordered by less, each task keeping
+// its index (through idx) for heap.Fix and heap.Remove.
+type taskHeap struct {
+	ts   []*memTask
+	less func(a, b *memTask) bool
+	idx  func(t *memTask) *int
+}
+
+func (h *taskHeap) Len() int           { return len(h.ts) }
+func (h *taskHeap) Less(i, j int) bool { return h.less(h.ts[i], h.ts[j]) }
+func (h *taskHeap) Swap(i, j int) {
+	h.ts[i], h.ts[j] = h.ts[j], h.ts[i]
+	*h.idx(h.ts[i]), *h.idx(h.ts[j]) = i, j
+}
+func (h *taskHeap) Push(x any) {
+	t := x.(*memTask)
+	*h.idx(t) = len(h.ts)
+	h.ts = append(h.ts, t)
+}
+func (h *taskHeap) Pop() any {
+	t := h.ts[len(h.ts)-1]
+	h.ts[len(h.ts)-1] = nil
+	h.ts = h.ts[:len(h.ts)-1]
+	*h.idx(t) = -1
+	return t
+}
+
+// top is the heap's first task, or nil.
+func (h *taskHeap) top() *memTask {
+	if len(h.ts) == 0 {
+		return nil
+	}
+	return h.ts[0]
+}
+
+// remove takes t out of the heap if it is there.
+func (h *taskHeap) remove(t *memTask) {
+	if i := *h.idx(t); i >= 0 {
+		heap.Remove(h, i)
+	}
+}
+
+// dueOrder orders waiting tasks: by due time, then by id.
+func dueOrder(a, b *memTask) bool {
+	if c := a.due.Compare(b.due); c != 0 {
+		return c < 0
+	}
+	return a.id < b.id
+}
+
+func newTaskQueue() *taskQueue {
+	return &taskQueue{
+		tasks:    map[string]*memTask{},
+		waiting:  taskHeap{less: dueOrder, idx: func(t *memTask) *int { return &t.wi }},
+		claimed:  taskHeap{less: func(a, b *memTask) bool { return a.until.Before(b.until) }, idx: func(t *memTask) *int { return &t.ci }},
+		watchers: map[chan struct{}]struct{}{},
+	}
+}
+
+// add puts a new waiting task in the queue, replacing any task of its id
+// (a dead one: see Enqueue).
+func (q *taskQueue) add(t *memTask) {
+	if old := q.tasks[t.id]; old != nil {
+		q.drop(old)
+	}
+	t.wi, t.ci = -1, -1
+	q.tasks[t.id] = t
+	heap.Push(&q.waiting, t)
+}
+
+// wait makes t a waiting task, due at due (ending its claim if it has one).
+func (q *taskQueue) wait(t *memTask, due time.Time) {
+	q.claimed.remove(t)
+	t.token, t.until, t.dead, t.due = "", time.Time{}, time.Time{}, due
+	if t.wi >= 0 {
+		heap.Fix(&q.waiting, t.wi)
+	} else {
+		heap.Push(&q.waiting, t)
+	}
+}
+
+// claim gives waiting task t a claim with token until until.
+func (q *taskQueue) claim(t *memTask, token string, until time.Time) {
+	q.waiting.remove(t)
+	t.token, t.until = token, until
+	heap.Push(&q.claimed, t)
+}
+
+// kill dead-letters t at now.
+func (q *taskQueue) kill(t *memTask, now time.Time) {
+	q.waiting.remove(t)
+	q.claimed.remove(t)
+	t.token, t.until, t.dead = "", time.Time{}, now
+}
+
+// drop removes t from the queue.
+func (q *taskQueue) drop(t *memTask) {
+	q.waiting.remove(t)
+	q.claimed.remove(t)
+	delete(q.tasks, t.id)
 }
 
 func (t *memTask) waiting() bool { return t.token == "" && t.dead.IsZero() }
@@ -95,7 +203,7 @@ type taskDriver struct {
 func (d *taskDriver) q(name string) *taskQueue {
 	q := d.s.queues[name]
 	if q == nil {
-		q = &taskQueue{tasks: map[string]*memTask{}, watchers: map[chan struct{}]struct{}{}}
+		q = newTaskQueue()
 		d.s.queues[name] = q
 	}
 	return q
@@ -146,13 +254,13 @@ func (d *taskDriver) Enqueue(ctx context.Context, name string, r qdriver.Enqueue
 		t := q.tasks[r.ID]
 		switch {
 		case t == nil || !t.dead.IsZero():
-			q.tasks[r.ID] = &memTask{id: r.ID, due: due, payload: slices.Clone(r.Payload)}
+			q.add(&memTask{id: r.ID, due: due, payload: slices.Clone(r.Payload)})
 			res = qdriver.Added
 		case r.Mode == qdriver.Keep:
 			res = qdriver.Kept
 			return
 		default:
-			t.due, t.token, t.until = due, "", time.Time{}
+			q.wait(t, due)
 			res = qdriver.Rescheduled
 			if r.Mode == qdriver.Replace {
 				t.payload, res = slices.Clone(r.Payload), qdriver.Replaced
@@ -167,67 +275,51 @@ func (d *taskDriver) Enqueue(ctx context.Context, name string, r qdriver.Enqueue
 // they have had max deliveries (max 0: no dead-lettering, for Peek and
 // Pop); now is the store's clock.
 func (q *taskQueue) recover(now time.Time, max int) {
-	for _, t := range q.tasks {
-		if t.token == "" || t.until.After(now) {
-			continue
-		}
+	for t := q.claimed.top(); t != nil && !t.until.After(now); t = q.claimed.top() {
 		if max > 0 && t.attempts >= max {
-			t.token, t.dead = "", now
+			q.kill(t, now)
 			continue
 		}
-		t.token, t.due = "", t.until
+		q.wait(t, t.until)
 	}
 }
 
-// due returns the waiting tasks due at now, in due order, and the wait
-// until the next due time or claim expiry (negative for none).
-func (q *taskQueue) due(now time.Time) ([]*memTask, time.Duration) {
-	var ready []*memTask
+// next returns the first waiting task if it is due at now, else nil.
+func (q *taskQueue) next(now time.Time) *memTask {
+	if t := q.waiting.top(); t != nil && !t.due.After(now) {
+		return t
+	}
+	return nil
+}
+
+// until returns the wait until the next due time or claim expiry after now
+// (negative for none).
+func (q *taskQueue) until(now time.Time) time.Duration {
 	next := time.Time{}
-	for _, t := range q.tasks {
-		switch {
-		case t.waiting() && !t.due.After(now):
-			ready = append(ready, t)
-		case t.waiting():
-			if next.IsZero() || t.due.Before(next) {
-				next = t.due
-			}
-		case t.token != "":
-			if next.IsZero() || t.until.Before(next) {
-				next = t.until
-			}
-		}
+	if t := q.waiting.top(); t != nil {
+		next = t.due
 	}
-	slices.SortFunc(ready, func(a, b *memTask) int {
-		if c := a.due.Compare(b.due); c != 0 {
-			return c
-		}
-		return compareStrings(a.id, b.id)
-	})
-	wait := time.Duration(-1)
-	if !next.IsZero() {
-		wait = max(next.Sub(now), 0)
+	if t := q.claimed.top(); t != nil && (next.IsZero() || t.until.Before(next)) {
+		next = t.until
 	}
-	return ready, wait
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
+	if next.IsZero() {
 		return -1
-	case a > b:
-		return 1
 	}
-	return 0
+	return max(next.Sub(now), 0)
 }
 
 func (d *taskDriver) Peek(ctx context.Context, name string, n int) ([]qdriver.Task, error) {
 	var out []qdriver.Task
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		q.recover(now, 0)
-		ready, _ := q.due(now)
-		for _, t := range ready[:min(n, len(ready))] {
+		// Take the first n due tasks off the index, then put them back.
+		var taken []*memTask
+		for t := q.next(now); t != nil && len(taken) < n; t = q.next(now) {
+			taken = append(taken, heap.Pop(&q.waiting).(*memTask))
 			out = append(out, copyTask(t, t.due))
+		}
+		for _, t := range taken {
+			heap.Push(&q.waiting, t)
 		}
 	})
 	return out, err
@@ -238,12 +330,11 @@ func (d *taskDriver) Pop(ctx context.Context, name string, n int) ([]qdriver.Tas
 	var wait time.Duration
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		q.recover(now, 0)
-		ready, _ := q.due(now)
-		for _, t := range ready[:min(n, len(ready))] {
+		for t := q.next(now); t != nil && len(out) < n; t = q.next(now) {
 			out = append(out, copyTask(t, t.due))
-			delete(q.tasks, t.id)
+			q.drop(t)
 		}
-		_, wait = q.due(now)
+		wait = q.until(now)
 	})
 	return out, wait, err
 }
@@ -253,13 +344,12 @@ func (d *taskDriver) Claim(ctx context.Context, name string, n int, visibility t
 	var wait time.Duration
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		q.recover(now, maxAttempts)
-		ready, _ := q.due(now)
-		for _, t := range ready[:min(n, len(ready))] {
+		for t := q.next(now); t != nil && len(out) < n; t = q.next(now) {
 			t.attempts++
-			t.token, t.until = qdriver.NewToken(), after(now, visibility)
+			q.claim(t, qdriver.NewToken(), after(now, visibility))
 			out = append(out, qdriver.Claimed{Task: copyTask(t, t.due), Token: t.token})
 		}
-		_, wait = q.due(now)
+		wait = q.until(now)
 	})
 	return out, wait, err
 }
@@ -276,8 +366,8 @@ func (q *taskQueue) current(id, token string, now time.Time) *memTask {
 func (d *taskDriver) Ack(ctx context.Context, name, id, token string) (bool, error) {
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
-		if q.current(id, token, now) != nil {
-			delete(q.tasks, id)
+		if t := q.current(id, token, now); t != nil {
+			q.drop(t)
 			ok = true
 		}
 	})
@@ -289,6 +379,7 @@ func (d *taskDriver) Extend(ctx context.Context, name, id, token string, ext tim
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		if t := q.current(id, token, now); t != nil {
 			t.until, ok = after(now, ext), true
+			heap.Fix(&q.claimed, t.ci)
 		}
 	})
 	return ok, err
@@ -302,12 +393,11 @@ func (d *taskDriver) Nack(ctx context.Context, name, id, token string, delay tim
 			return
 		}
 		ok = true
-		t.token, t.until = "", time.Time{}
 		if maxAttempts > 0 && t.attempts >= maxAttempts {
-			t.dead = now
+			q.kill(t, now)
 			return
 		}
-		t.due = after(now, delay)
+		q.wait(t, after(now, delay))
 		q.wake()
 	})
 	return ok, err
@@ -317,7 +407,7 @@ func (d *taskDriver) Delete(ctx context.Context, name, id string, due time.Time)
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		if t := q.tasks[id]; t != nil && t.waiting() && t.due.Equal(qdriver.UpMilli(due)) {
-			delete(q.tasks, id)
+			q.drop(t)
 			ok = true
 		}
 	})
@@ -364,7 +454,8 @@ func (d *taskDriver) Requeue(ctx context.Context, name, id string, delay time.Du
 	var ok bool
 	err := d.do(ctx, name, func(q *taskQueue, now time.Time) {
 		if t := q.tasks[id]; t != nil && !t.dead.IsZero() {
-			t.dead, t.attempts, t.due, ok = time.Time{}, 0, after(now, delay), true
+			t.attempts, ok = 0, true
+			q.wait(t, after(now, delay))
 			q.wake()
 		}
 	})
