@@ -48,12 +48,14 @@ func (s *suite) live(d time.Duration) time.Duration {
 // tol is Config.Tolerance, scaled.
 func (s *suite) tol() time.Duration { return s.live(s.cfg.Tolerance) }
 
-// scaled says, for a failure message, how a bound was scaled ("" at 1).
+// scaled says, for a liveness bound's failure message, how the bound was
+// scaled, or at 1 how to scale it: a bound missed on a busy machine says
+// what to set.
 func (s *suite) scaled() string {
 	if f, _ := toleranceScale(); f != 1 {
 		return fmt.Sprintf(", scaled ×%g by %s", f, ToleranceScaleEnv)
 	}
-	return ""
+	return fmt.Sprintf("; on a loaded machine, set %s=3", ToleranceScaleEnv)
 }
 
 // warm takes and releases a lock of its own through each locker, so that

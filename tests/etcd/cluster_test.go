@@ -116,6 +116,16 @@ func TestCluster(t *testing.T) {
 	// A leader killed while a lease is held: the lease stays held (no loss
 	// signal, same fence, the key untouched), nobody else is granted, and a
 	// waiter queued across the failover is granted on the release.
+	//
+	// While there is no leader no keepalive gets through (renewals go
+	// through the leader), so a holder rightly reports the loss at
+	// ValidUntil if the election outlasts the TTL minus a refresh
+	// interval. The TTL is a liveness bound here: long enough for an
+	// election on a loaded machine (scaled), refreshed often, and the test
+	// waits for the event that shows the failover kept the lease: a
+	// keepalive sent after the leader stopped got through (ValidUntil moved
+	// past the stop plus the TTL, less the drift margin), and the lease
+	// outlived the ValidUntil it had at the stop.
 	t.Run("LeaderKilled", func(t *testing.T) {
 		ctx := testutil.Ctx(t)
 		prefix := testPrefix(t, raw, 0)
@@ -123,8 +133,13 @@ func TestCluster(t *testing.T) {
 		holder := newLocker(t, newClient(t, c.endpoints...), o)
 		contender := newLocker(t, newClient(t, c.endpoints...), o)
 		waiter := newLocker(t, newClient(t, c.endpoints...), o)
-		const ttl = 5 * time.Second
-		ls, err := holder.Acquire(ctx, "failover", &dlock.Options{TTL: ttl})
+		ttl, err := conformance.Live(10 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ttl = ttl.Round(time.Second) // etcd grants whole seconds
+		every := ttl / 10
+		ls, err := holder.Acquire(ctx, "failover", &dlock.Options{TTL: ttl, RefreshInterval: every})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,23 +151,35 @@ func TestCluster(t *testing.T) {
 		if err := c.members[dead].Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
+		killed, atKill := time.Now(), ls.ValidUntil()
 		t.Logf("killed the leader, member %d", dead)
-		for end := time.Now().Add(2 * ttl); time.Now().Before(end); time.Sleep(ttl / 10) {
+		var kept time.Time // when a keepalive sent after the kill was seen
+		for {
 			select {
 			case <-ls.Done():
-				t.Fatalf("lease lost after the leader was killed: %v", ls.Err())
+				t.Fatalf("lease lost %v after the leader was killed (TTL %v): %v", time.Since(killed), ttl, ls.Err())
 			case r := <-got:
 				t.Fatalf("waiter returned while the lease is held: %v, %v", r.ls, r.err)
 			default:
 			}
-			tctx, cancel := context.WithTimeout(ctx, ttl/5)
+			tctx, cancel := context.WithTimeout(ctx, every)
 			lc, err := contender.TryAcquire(tctx, "failover", nil)
 			cancel()
 			if err == nil {
 				f, _ := lc.Fence()
 				t.Fatalf("a second holder (fence %d) while %d holds", f, fence)
 			}
+			// ValidUntil is a refresh's send time plus the TTL minus a
+			// drift margin (TTL/100 + 2ms).
+			if kept.IsZero() && ls.ValidUntil().After(killed.Add(ttl-ttl/50)) {
+				kept = time.Now()
+			}
+			if !kept.IsZero() && time.Now().After(atKill) {
+				break
+			}
+			time.Sleep(every / 2)
 		}
+		t.Logf("a keepalive sent after the kill got through within %v", kept.Sub(killed).Round(time.Millisecond))
 		if ok, err := ls.Held(ctx); !ok || err != nil {
 			t.Fatalf("Held after the failover = %v, %v", ok, err)
 		}
@@ -178,7 +205,7 @@ func TestCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 		case <-time.After(ttl):
-			t.Fatal("waiter not granted after the release")
+			t.Fatalf("waiter not granted %v after the release", ttl)
 		}
 		if err := c.members[dead].Start(ctx); err != nil {
 			t.Fatal(err)
@@ -200,6 +227,12 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		fence, _ := ls.Fence()
+		// When the loss is signalled, seen from before the outage: the
+		// lease may end while the members are still being stopped (docker
+		// stop took seconds at load ~40), and a wait begun after the stops
+		// would count those seconds as the library's lateness.
+		lost := make(chan time.Time, 1)
+		go func() { <-ls.Done(); lost <- time.Now() }()
 		down := []*dlocktest.Server{c.members[1], c.members[2]}
 		for _, s := range down {
 			if err := s.Stop(ctx); err != nil {
@@ -209,17 +242,19 @@ func TestCluster(t *testing.T) {
 		outage := time.Now()
 		var lostAt time.Time
 		select {
-		case <-ls.Done():
-			lostAt = time.Now()
+		case lostAt = <-lost:
 		case <-time.After(2 * ttl):
 			t.Fatal("no loss signal 2×TTL into the outage")
 		}
-		bound, err := conformance.Live(100 * time.Millisecond) // liveness: scaled
+		// Liveness, scaled: the library's timer fires at ValidUntil, and
+		// this goroutine wakes some scheduling delay later (188ms was seen
+		// at load ~40); the conformance suite's tolerance, as its Expiry.
+		bound, err := conformance.Live(conformance.DefaultTolerance)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if late := lostAt.Sub(ls.ValidUntil()); late > bound {
-			t.Errorf("loss signalled %v after ValidUntil, want within %v", late, bound)
+			t.Errorf("loss signalled %v after ValidUntil, want within %v (%s scales it)", late, bound, conformance.ToleranceScaleEnv)
 		}
 		if !errors.Is(ls.Err(), dlock.ErrLost) {
 			t.Errorf("Err() = %v, want ErrLost", ls.Err())
