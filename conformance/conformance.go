@@ -242,6 +242,23 @@ func (s *suite) release(ls *dlock.Lease) {
 	}
 }
 
+// grant is what an acquisition started in the background returned, and when.
+type grant struct {
+	ls  *dlock.Lease
+	err error
+	at  time.Time
+}
+
+// background starts acquire in a goroutine; its grant arrives on the channel.
+func background(acquire func() (*dlock.Lease, error)) <-chan grant {
+	c := make(chan grant, 1)
+	go func() {
+		ls, err := acquire()
+		c <- grant{ls, err, time.Now()}
+	}()
+	return c
+}
+
 // waitDone waits for the lease to end, up to limit.
 func (s *suite) waitDone(ls *dlock.Lease, limit time.Duration) time.Time {
 	s.t.Helper()

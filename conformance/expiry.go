@@ -21,16 +21,7 @@ func (s *suite) expiry(holderOpts *dlock.Options, cut func(*dlock.Locker, Faults
 	ls := s.acquire(a, name, nil)
 	cut(a, fa)
 
-	type result struct {
-		ls  *dlock.Lease
-		at  time.Time
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		lb, err := b.Acquire(s.ctx, name, nil)
-		got <- result{lb, time.Now(), err}
-	}()
+	got := background(func() (*dlock.Lease, error) { return b.Acquire(s.ctx, name, nil) })
 
 	limit := s.live(3*s.cfg.TTL + s.caps.ExpirySlack)
 	lostAt := s.waitDone(ls, limit)
@@ -47,7 +38,7 @@ func (s *suite) expiry(holderOpts *dlock.Options, cut func(*dlock.Locker, Faults
 		s.t.Error("lease context not cancelled after loss")
 	}
 
-	var r result
+	var r grant
 	grace := s.live(4*s.cfg.TTL + s.caps.ExpirySlack)
 	select {
 	case r = <-got:

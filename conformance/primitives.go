@@ -157,21 +157,29 @@ func (s *suite) rwlock(l *dlock.Locker, name string) *dlock.RWLock {
 	return rw
 }
 
-// loop runs n workers, each calling round rounds times, and fails the test
-// with the first error.
-func (s *suite) loop(n, rounds int, round func(who int) error) {
+// loop runs n workers, each calling round rounds times, and returns the
+// intervals the rounds held; it fails the test with the first error.
+func (s *suite) loop(n, rounds int, round func(who int) (interval, error)) []interval {
 	s.t.Helper()
-	var wg sync.WaitGroup
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		ivs []interval
+	)
 	errs := make(chan error, n)
 	for who := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for range rounds {
-				if err := round(who); err != nil {
+				iv, err := round(who)
+				if err != nil {
 					errs <- fmt.Errorf("worker %d: %w", who, err)
 					return
 				}
+				mu.Lock()
+				ivs = append(ivs, iv)
+				mu.Unlock()
 			}
 		}()
 	}
@@ -180,6 +188,58 @@ func (s *suite) loop(n, rounds int, round func(who int) error) {
 	for err := range errs {
 		s.t.Fatal(err)
 	}
+	return ivs
+}
+
+// use holds ls a little (so that holders overlap where they may), releases
+// it and returns the interval it was held.
+func (s *suite) use(ls *dlock.Lease, who int, write bool) (interval, error) {
+	from := time.Now()
+	time.Sleep(2 * time.Millisecond)
+	iv := hold(ls, from, who, write)
+	return iv, ls.Release(s.ctx)
+}
+
+// grantedAfter waits for who's background grant after a release at
+// released (which release names): it must come within a TTL (+ ExpirySlack
+// and the tolerance), and with NotifiedWait within the tolerance.
+func (s *suite) grantedAfter(c <-chan grant, released time.Time, who, release string) *dlock.Lease {
+	s.t.Helper()
+	var g grant
+	select {
+	case g = <-c:
+	case <-time.After(s.cfg.TTL + s.caps.ExpirySlack + s.tol()):
+		s.t.Fatalf("%s was not granted within a TTL of %s", who, release)
+	}
+	if g.err != nil {
+		s.t.Fatalf("%s: %v", who, g.err)
+	}
+	if s.caps.NotifiedWait {
+		if d := g.at.Sub(released); d > s.tol() {
+			s.t.Errorf("%s was granted %v after %s (NotifiedWait; tolerance %v%s)", who, d, release, s.tol(), s.scaled())
+		}
+	}
+	return g.ls
+}
+
+// takeOver black-holes (through hf) the holder of held, what, and lets
+// taker take its place through take, which must not be granted before
+// held's ValidUntil; held must end by then (+ the tolerance). It returns
+// what take got.
+func (s *suite) takeOver(held *dlock.Lease, hf Faults, what, taker string, take func() (*dlock.Lease, error)) *dlock.Lease {
+	s.t.Helper()
+	hf.Blackhole()
+	defer hf.Heal()
+	validUntil := held.ValidUntil()
+	got, err := take()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if granted := time.Now(); granted.Before(validUntil) {
+		s.t.Fatalf("%s was granted %v before the ValidUntil of %s", taker, validUntil.Sub(granted), what)
+	}
+	s.endsBy(held, validUntil, what)
+	return got
 }
 
 func testSemaphoreLimit(s *suite) {
@@ -190,34 +250,25 @@ func testSemaphoreLimit(s *suite) {
 		l, _ := s.locker(s.opts())
 		sems[i] = s.semaphore(l, name, limit)
 	}
-	var (
-		mu   sync.Mutex
-		ivs  []interval
-		last = make([]uint64, lockers)
-	)
-	s.loop(lockers, rounds, func(who int) error {
+	last := make([]uint64, lockers)
+	ivs := s.loop(lockers, rounds, func(who int) (interval, error) {
 		ls, err := sems[who].Acquire(s.ctx, nil)
 		if err != nil {
-			return err
+			return interval{}, err
 		}
-		from := time.Now()
-		time.Sleep(2 * time.Millisecond) // hold it a little, so that permits overlap
-		iv := hold(ls, from, who, false)
-		if err := ls.Release(s.ctx); err != nil {
-			return err
+		iv, err := s.use(ls, who, false)
+		if err != nil {
+			return iv, err
 		}
 		if f, ok := ls.Fence(); ok != s.caps.PermitFencing {
-			return fmt.Errorf("permit Fence() has token = %v, but PermitFencing is %v", ok, s.caps.PermitFencing)
+			return iv, fmt.Errorf("permit Fence() has token = %v, but PermitFencing is %v", ok, s.caps.PermitFencing)
 		} else if ok {
 			if f <= last[who] {
-				return fmt.Errorf("permit token %d after this locker's %d: not increasing", f, last[who])
+				return iv, fmt.Errorf("permit token %d after this locker's %d: not increasing", f, last[who])
 			}
 			last[who] = f
 		}
-		mu.Lock()
-		ivs = append(ivs, iv)
-		mu.Unlock()
-		return nil
+		return iv, nil
 	})
 	if n := maxOverlap(ivs); n > limit {
 		s.t.Fatalf("%d permits were valid at once, limit %d", n, limit)
@@ -253,34 +304,11 @@ func testSemaphoreTry(s *suite) {
 		s.t.Fatalf("TryAcquire past the limit carries a context error: %v", err)
 	}
 	// A blocked waiter is granted on a release, well before the TTL.
-	type result struct {
-		ls  *dlock.Lease
-		err error
-		at  time.Time
-	}
-	got := make(chan result, 1)
-	go func() {
-		ls, err := semB.Acquire(s.ctx, s.opts(ttl(5*s.cfg.TTL)))
-		got <- result{ls, err, time.Now()}
-	}()
+	got := background(func() (*dlock.Lease, error) { return semB.Acquire(s.ctx, s.opts(ttl(5*s.cfg.TTL))) })
 	time.Sleep(s.cfg.TTL / 5) // let it block (a release before it does is fine too)
 	released := time.Now()
 	s.release(held[0])
-	var r result
-	select {
-	case r = <-got:
-	case <-time.After(s.cfg.TTL + s.caps.ExpirySlack + s.tol()):
-		s.t.Fatal("the waiter was not granted within a TTL of a release")
-	}
-	if r.err != nil {
-		s.t.Fatalf("waiter: %v", r.err)
-	}
-	if s.caps.NotifiedWait {
-		if d := r.at.Sub(released); d > s.tol() {
-			s.t.Errorf("the waiter was granted %v after the release (NotifiedWait; tolerance %v%s)", d, s.tol(), s.scaled())
-		}
-	}
-	s.release(r.ls)
+	s.release(s.grantedAfter(got, released, "the waiter", "the release"))
 	s.release(held[1])
 
 	// A permit that expired (no refresh) is taken by another; the late
@@ -333,16 +361,8 @@ func testSemaphoreWaiterGivesUp(s *suite) {
 		first <- err
 	}()
 	before, _ = s.queued(name, before, s.cfg.TTL/2)
-	type result struct {
-		ls  *dlock.Lease
-		err error
-		at  time.Time
-	}
-	second := make(chan result, 1)
-	go func() {
-		ls, err := s.semaphore(w2, name, limit).Acquire(s.ctx, s.opts(ttl(5*s.cfg.TTL)))
-		second <- result{ls, err, time.Now()}
-	}()
+	sem2 := s.semaphore(w2, name, limit)
+	second := background(func() (*dlock.Lease, error) { return sem2.Acquire(s.ctx, s.opts(ttl(5*s.cfg.TTL))) })
 	s.queued(name, before, s.cfg.TTL/2)
 	cancel1()
 	if err := <-first; !errors.Is(err, dlock.ErrNotAcquired) {
@@ -350,21 +370,7 @@ func testSemaphoreWaiterGivesUp(s *suite) {
 	}
 	released := time.Now()
 	s.release(held[0])
-	var r result
-	select {
-	case r = <-second:
-	case <-time.After(s.cfg.TTL + s.caps.ExpirySlack + s.tol()):
-		s.t.Fatal("the second waiter was not granted within a TTL of a release after the first gave up")
-	}
-	if r.err != nil {
-		s.t.Fatalf("second waiter: %v", r.err)
-	}
-	if s.caps.NotifiedWait {
-		if d := r.at.Sub(released); d > s.tol() {
-			s.t.Errorf("the second waiter was granted %v after the release (NotifiedWait; tolerance %v%s)", d, s.tol(), s.scaled())
-		}
-	}
-	s.release(r.ls)
+	s.release(s.grantedAfter(second, released, "the second waiter", "the release after the first gave up"))
 	s.release(held[1])
 }
 
@@ -412,18 +418,7 @@ func testSemaphoreExpiry(s *suite) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	hf.Blackhole()
-	defer hf.Heal()
-	validUntil := ls.ValidUntil()
-	got, err := semC.Acquire(s.ctx, nil)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	granted := time.Now()
-	if granted.Before(validUntil) {
-		s.t.Fatalf("a permit of limit 1 was granted %v before the black-holed holder's ValidUntil", validUntil.Sub(granted))
-	}
-	s.endsBy(ls, validUntil, "the black-holed holder's permit")
+	got := s.takeOver(ls, hf, "the black-holed holder's permit", "a permit of limit 1", func() (*dlock.Lease, error) { return semC.Acquire(s.ctx, nil) })
 	if !errors.Is(ls.Err(), dlock.ErrLost) {
 		s.t.Fatalf("holder's Err = %v; want ErrLost", ls.Err())
 	}
@@ -455,11 +450,7 @@ func testRWExclusion(s *suite) {
 		l, _ := s.locker(s.opts())
 		rws[i] = s.rwlock(l, name)
 	}
-	var (
-		mu  sync.Mutex
-		ivs []interval
-	)
-	s.loop(writers+readers, rounds, func(who int) error {
+	ivs := s.loop(writers+readers, rounds, func(who int) (interval, error) {
 		write := who < writers
 		acquire := rws[who].RLock
 		if write {
@@ -467,18 +458,9 @@ func testRWExclusion(s *suite) {
 		}
 		ls, err := acquire(s.ctx, nil)
 		if err != nil {
-			return err
+			return interval{}, err
 		}
-		from := time.Now()
-		time.Sleep(2 * time.Millisecond)
-		iv := hold(ls, from, who, write)
-		if err := ls.Release(s.ctx); err != nil {
-			return err
-		}
-		mu.Lock()
-		ivs = append(ivs, iv)
-		mu.Unlock()
-		return nil
+		return s.use(ls, who, write)
 	})
 	for i, a := range ivs {
 		for _, b := range ivs[i+1:] {
@@ -577,37 +559,14 @@ func testRWWriterPreference(s *suite) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	type result struct {
-		ls  *dlock.Lease
-		err error
-		at  time.Time
-	}
-	got := make(chan result, 1)
-	go func() {
-		ls, err := rwB.Lock(s.ctx, nil)
-		got <- result{ls, err, time.Now()}
-	}()
+	got := background(func() (*dlock.Lease, error) { return rwB.Lock(s.ctx, nil) })
 	if !s.readersKeptOut(rwC, s.cfg.TTL+s.tol()) {
 		s.t.Fatalf("new readers still got in %v after a writer started waiting", s.cfg.TTL+s.tol())
 	}
 	s.stillHeld(r) // the reader that held keeps it
 	released := time.Now()
 	s.release(r)
-	var w result
-	select {
-	case w = <-got:
-	case <-time.After(s.cfg.TTL + s.caps.ExpirySlack + s.tol()):
-		s.t.Fatal("the waiting writer was not granted within a TTL of the reader's release")
-	}
-	if w.err != nil {
-		s.t.Fatalf("writer: %v", w.err)
-	}
-	if s.caps.NotifiedWait {
-		if d := w.at.Sub(released); d > s.tol() {
-			s.t.Errorf("the writer was granted %v after the reader's release (NotifiedWait; tolerance %v%s)", d, s.tol(), s.scaled())
-		}
-	}
-	s.release(w.ls)
+	s.release(s.grantedAfter(got, released, "the waiting writer", "the reader's release"))
 
 	// A writer that gives up lets readers in again.
 	r, err = rwA.RLock(s.ctx, nil)
@@ -656,18 +615,8 @@ func testRWExpiry(s *suite) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	hf.Blackhole()
-	defer hf.Heal()
-	validUntil := w.ValidUntil()
-	r, err := s.rwlock(reader, name).RLock(s.ctx, nil)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if granted := time.Now(); granted.Before(validUntil) {
-		s.t.Fatalf("a reader got in %v before the black-holed writer's ValidUntil", validUntil.Sub(granted))
-	}
-	s.endsBy(w, validUntil, "the black-holed writer's lease")
-	s.release(r)
+	rw := s.rwlock(reader, name)
+	s.release(s.takeOver(w, hf, "the black-holed writer's lease", "a reader", func() (*dlock.Lease, error) { return rw.RLock(s.ctx, nil) }))
 }
 
 func testElectionOneLeader(s *suite) {
@@ -677,36 +626,26 @@ func testElectionOneLeader(s *suite) {
 	for i := range ls {
 		ls[i], _ = s.locker(s.opts())
 	}
-	var (
-		mu  sync.Mutex
-		ivs []interval
-	)
-	s.loop(candidates, terms, func(who int) error {
+	ivs := s.loop(candidates, terms, func(who int) (interval, error) {
 		me := fmt.Sprintf("candidate-%d", who)
 		lead, err := ls[who].Elect(s.ctx, name, me, nil)
 		if err != nil {
-			return err
+			return interval{}, err
 		}
 		from := time.Now()
 		term, ok := lead.Fence()
 		if !ok {
-			return errors.New("a leadership without a term")
+			return interval{}, errors.New("a leadership without a term")
 		}
 		ld, err := ls[(who+1)%candidates].Leader(s.ctx, name)
 		if err != nil {
-			return err
+			return interval{}, err
 		}
 		if !ld.Held || ld.Candidate != me || ld.Term != term {
-			return fmt.Errorf("another candidate's Leader = %+v while %s leads with term %d", ld, me, term)
+			return interval{}, fmt.Errorf("another candidate's Leader = %+v while %s leads with term %d", ld, me, term)
 		}
 		iv := hold(lead, from, who, true)
-		if err := lead.Release(s.ctx); err != nil {
-			return err
-		}
-		mu.Lock()
-		ivs = append(ivs, iv)
-		mu.Unlock()
-		return nil
+		return iv, lead.Release(s.ctx)
 	})
 	slices.SortFunc(ivs, func(a, b interval) int { return a.from.Compare(b.from) })
 	for i := 1; i < len(ivs); i++ {
@@ -796,19 +735,9 @@ func testElectionFailover(s *suite) {
 		s.t.Fatal(err)
 	}
 	termA, _ := la.Fence()
-	af.Blackhole()
-	defer af.Heal()
-	validUntil := la.ValidUntil()
-	lb, err := b.Elect(s.ctx, name, "b", nil)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if at := time.Now(); at.Before(validUntil) {
-		s.t.Fatalf("b was elected %v before the black-holed leader's ValidUntil", validUntil.Sub(at))
-	}
+	lb := s.takeOver(la, af, "the black-holed leader's leadership", "b's leadership", func() (*dlock.Lease, error) { return b.Elect(s.ctx, name, "b", nil) })
 	if termB, _ := lb.Fence(); termB <= termA {
 		s.t.Fatalf("b's term %d is not above a's %d", termB, termA)
 	}
-	s.endsBy(la, validUntil, "the black-holed leader's leadership")
 	s.release(lb)
 }

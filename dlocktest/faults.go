@@ -24,35 +24,32 @@ func (s *Server) control(ctx context.Context, op string) (*dockerEngine, error) 
 	return engine(ctx)
 }
 
+// onContainer runs op (named in errors as verb, doing) on the server's
+// container, with s.mu held.
+func (s *Server) onContainer(ctx context.Context, verb, doing string, op func(*dockerEngine, context.Context, string) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.control(ctx, verb)
+	if err != nil {
+		return err
+	}
+	if err := op(e, ctx, s.containerID); err != nil {
+		return fmt.Errorf("dlocktest: %s %s: %w", doing, s, err)
+	}
+	return nil
+}
+
 // Pause freezes every process of the server (docker pause): connections stay
 // open and TCP handshakes still complete, but nothing is answered until
 // Unpause. ctx bounds the Docker calls. An engine failure, retried a few
 // times, wraps ErrFault.
 func (s *Server) Pause(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, err := s.control(ctx, "pause")
-	if err != nil {
-		return err
-	}
-	if err := e.pause(ctx, s.containerID); err != nil {
-		return fmt.Errorf("dlocktest: pausing %s: %w", s, err)
-	}
-	return nil
+	return s.onContainer(ctx, "pause", "pausing", (*dockerEngine).pause)
 }
 
 // Unpause resumes a paused server. ctx bounds the Docker calls.
 func (s *Server) Unpause(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, err := s.control(ctx, "unpause")
-	if err != nil {
-		return err
-	}
-	if err := e.unpause(ctx, s.containerID); err != nil {
-		return fmt.Errorf("dlocktest: unpausing %s: %w", s, err)
-	}
-	return nil
+	return s.onContainer(ctx, "unpause", "unpausing", (*dockerEngine).unpause)
 }
 
 // Stop kills the server with SIGKILL, as a crash would, and returns once it
@@ -60,16 +57,7 @@ func (s *Server) Unpause(ctx context.Context) error {
 // Data written to disk stays for Start. Stopping a stopped server is not an
 // error. ctx bounds the Docker calls.
 func (s *Server) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, err := s.control(ctx, "stop")
-	if err != nil {
-		return err
-	}
-	if err := e.kill(ctx, s.containerID); err != nil {
-		return fmt.Errorf("dlocktest: stopping %s: %w", s, err)
-	}
-	return nil
+	return s.onContainer(ctx, "stop", "stopping", (*dockerEngine).kill)
 }
 
 // Start starts a stopped server again, at the same address, and waits until
@@ -104,7 +92,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	if err := e.kill(ctx, s.containerID); err != nil {
 		return fmt.Errorf("dlocktest: restarting %s: %w", s, err)
 	}
-	return s.start(ctx, e)
+	return s.start(ctx, e) // its errors name the start
 }
 
 // PauseServer is Pause, as conformance.ServerFaults names it: a Harness

@@ -4,7 +4,10 @@ package driver
 // at a time (each at most once; booleans and durations parsed alike), the
 // rest rejected, a host list read alike, and the tls_* parameters of the
 // secure schemes (tls.go). Parsing a URL and keeping its password out of
-// error text is in url.go.
+// error text is in url.go. Each driver's ParseURL still reads top-down as
+// its own URL's grammar (scheme, form, query, lock options, its parameters,
+// then its client's): what the drivers repeat is that order of calls, which
+// the duplicate finder sees as one shape, not logic to share.
 
 import (
 	"fmt"

@@ -81,7 +81,11 @@ if not KEYS[2] then
 	return -1 - math.max(pttl, 0)
 end
 
--- nextFence advances the counter and returns the new fencing token.
+-- nextFence advances the counter and returns the new fencing token. It
+-- stands again in release.lua (a hand-off is a grant) and in redlock's
+-- acquire.lua and release.lua: a script run by EVAL cannot call another
+-- script's functions (Redis Functions could, but need Redis 7 and a
+-- FUNCTION LOAD on every server), so each script that grants carries it.
 local function nextFence()
 	local f = redis.call("INCR", KEYS[2])
 	if f == 1 then

@@ -85,30 +85,16 @@ func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
 	if d.compat {
 		return nil, fmt.Errorf("%w: redis: the compat layout's keys cannot be told from others", errors.ErrUnsupported)
 	}
-	start := d.prefix + "{"
-	match := redishub.GlobEscape(start+prefix) + "*"
 	var (
 		mu    sync.Mutex
 		names []string
 	)
 	scan := func(ctx context.Context, c goredis.UniversalClient) error {
-		iter := c.Scan(ctx, 0, match, 1000).Iterator()
-		for iter.Next(ctx) {
-			k := strings.TrimPrefix(iter.Val(), start)
-			var n string
-			switch {
-			case strings.HasSuffix(k, "}:queue"):
-				n = strings.TrimSuffix(k, "}:queue")
-			case strings.HasSuffix(k, "}"):
-				n = strings.TrimSuffix(k, "}")
-			default:
-				continue
-			}
-			mu.Lock()
-			names = append(names, n)
-			mu.Unlock()
-		}
-		return iter.Err()
+		found, err := redishub.ScanNames(ctx, c, d.prefix, prefix, ":queue")
+		mu.Lock()
+		names = append(names, found...)
+		mu.Unlock()
+		return err
 	}
 	var err error
 	if cc, ok := d.c.(*goredis.ClusterClient); ok {

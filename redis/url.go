@@ -2,13 +2,13 @@ package redis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/redisclient"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -77,15 +77,10 @@ func ParseURL(u *url.URL) (*goredis.Options, *Options, error) {
 
 	rest := *u
 	rest.RawQuery = q.Encode()
-	gopts, err := goredis.ParseURL(rest.String())
+	gopts, err := redisclient.ParseURL(&rest, u, "redis")
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // url.Error quotes the whole URL
-		}
-		return nil, nil, invalid("%s", strings.TrimPrefix(dlockdriver.RedactText(err.Error(), u), "redis: "))
+		return nil, nil, err
 	}
-	gopts.ContextTimeoutEnabled = true
 	if u.Scheme == "rediss" {
 		cfg := gopts.TLSConfig // ServerName: the host, MinVersion: TLS 1.2, skip_verify
 		if err := tlsp.Apply(cfg); err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -89,8 +88,6 @@ func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
 	if d.compat {
 		return nil, fmt.Errorf("%w: redlock: the compat layout's keys cannot be told from others", errors.ErrUnsupported)
 	}
-	start := d.prefix + "{"
-	match := redishub.GlobEscape(start+prefix) + "*"
 	var (
 		mu    sync.Mutex
 		names []string
@@ -101,20 +98,10 @@ func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
 		wg.Go(func() {
 			nctx, cancel := nodeCtx(ctx, d.watchTimeout(), false)
 			defer cancel()
-			iter := nd.c.Scan(nctx, 0, match, 1000).Iterator()
-			var found []string
-			for iter.Next(nctx) {
-				k := strings.TrimPrefix(iter.Val(), start)
-				switch {
-				case strings.HasSuffix(k, "}:waiters"):
-					found = append(found, strings.TrimSuffix(k, "}:waiters"))
-				case strings.HasSuffix(k, "}"):
-					found = append(found, strings.TrimSuffix(k, "}"))
-				}
-			}
+			found, err := redishub.ScanNames(nctx, nd.c, d.prefix, prefix, ":waiters")
 			mu.Lock()
 			defer mu.Unlock()
-			if err := iter.Err(); err != nil {
+			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", nd.name, err))
 			}
 			names = append(names, found...)

@@ -36,10 +36,6 @@ var (
 	refreshLua    string
 	refreshScript = goredis.NewScript(refreshLua)
 
-	//go:embed pass.lua
-	passLua    string
-	passScript = goredis.NewScript(passLua)
-
 	//go:embed release.lua
 	releaseLua    string
 	releaseScript = goredis.NewScript(releaseLua)

@@ -1,14 +1,20 @@
 -- release.lua: delete the lock on one node only if it still holds the
--- lease's token and, for a release, hand it to the node's next waiter.
+-- lease's token and, for a release, hand it to the node's next waiter. A
+-- wait that has ended without a grant, or a hand-off that reached its
+-- Locker after the wait ended, gives back what was handed to it the same
+-- way: ARGV[1] is then the wait's hand-off token and ARGV[3] its ticket.
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the waiters' queue      KEYS[1] .. ":waiters": a sorted set of
 --          tickets "<locker>:<wait>:<ttl>" scored by when each began to wait
 -- KEYS[3]  default layout only: the node's fencing counter
--- ARGV[1]  the lease token
+-- ARGV[1]  the lease token, or a wait's hand-off token ("" for a waiter
+--          that only watched: nothing to give back)
 -- ARGV[2]  "1": hand the lock on (a release); "0": do not (the clean-up of
 --          an attempt that did not win a majority, so that contenders are
 --          not handed each other's retreats)
+-- ARGV[3]  optional: the ticket of a wait that has ended, removed from the
+--          queue first
 --
 -- Handing on: the first ticket of the queue whose Locker still
 -- listens (PUBLISH counts a subscriber on KEYS[1] .. ":released:<locker>")
@@ -26,7 +32,10 @@
 -- KEYS[1] .. ":released" for their unqueued waiters, a PUBLISH per node and
 -- release, about a tenth of an uncontended cycle on 5 nodes).
 -- Returns 1 when the key held the token and was deleted, 0 otherwise.
-if redis.pcall("GET", KEYS[1]) ~= ARGV[1] then
+if ARGV[3] then
+	redis.call("ZREM", KEYS[2], ARGV[3])
+end
+if ARGV[1] == "" or redis.pcall("GET", KEYS[1]) ~= ARGV[1] then
 	return 0
 end
 redis.call("DEL", KEYS[1])
@@ -39,7 +48,6 @@ end
 if redis.call("EXISTS", KEYS[2]) == 0 then
 	return 1
 end
--- handOn: keep in step with pass.lua.
 for _ = 1, 8 do
 	local head = redis.call("ZRANGE", KEYS[2], 0, 0)[1]
 	if not head then

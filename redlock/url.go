@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strings"
 	"sync"
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/redisclient"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -140,15 +140,10 @@ func ParseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	for i, h := range hosts {
 		one := *u
 		one.Scheme, one.Host, one.RawQuery, one.Fragment = scheme, h, q.Encode(), ""
-		o, err := goredis.ParseURL(one.String())
+		o, err := redisclient.ParseURL(&one, u, "redlock")
 		if err != nil {
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err // url.Error quotes the whole URL
-			}
-			return nil, nil, invalid("%s", strings.TrimPrefix(dlockdriver.RedactText(err.Error(), u), "redis: "))
+			return nil, nil, err
 		}
-		o.ContextTimeoutEnabled = true
 		// One dial per attempt: a node that refuses connections fails the
 		// request at once instead of after go-redis's dial retries (the
 		// quorum, not the client, copes with a node that is down).

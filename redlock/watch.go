@@ -268,7 +268,7 @@ func (w *releaseWatch) untrack(i int, granted bool) {
 // still running finish in the background, bounded by the node timeout.
 // Unless the wait was granted by its hand-offs (the lease then holds them),
 // every node is also asked to give back what it handed to the wait, and to
-// hand it to the next waiter (pass.lua): a hand-off whose message is still
+// hand it to the next waiter (giveBack): a hand-off whose message is still
 // on its way, or that an attempt did not adopt.
 func (w *releaseWatch) stop() {
 	w.mu.Lock()
@@ -316,7 +316,7 @@ func (w *releaseWatch) stop() {
 			nctx, cancel := nodeCtx(context.Background(), w.d.watchTimeout(), true)
 			defer cancel()
 			if giveBack {
-				_ = passScript.Run(nctx, nd.c, w.keys, w.ticket, w.id).Err()
+				_ = nd.giveBack(nctx, w.keys, w.ticket, w.id)
 			} else {
 				_ = nd.c.ZRem(nctx, w.keys[1], w.ticket).Err()
 			}
@@ -354,7 +354,7 @@ func (d *driver) tickets(name string) ([]any, *releaseWatch) {
 // hand-offs that reach them late (see missed).
 const maxGone = 256
 
-// goneWait is a waiter that left: what pass.lua needs.
+// goneWait is a waiter that left: what giveBack needs.
 type goneWait struct {
 	name, ticket string
 	token        string  // the hand-off token to give back; "" for a waiter that only watched
@@ -412,7 +412,7 @@ func (d *driver) missed(i int, payload string) {
 			defer d.bg.Done()
 			nctx, cancel := nodeCtx(context.Background(), d.watchTimeout(), true)
 			defer cancel()
-			_ = passScript.Run(nctx, nd.c, keys, g.ticket, g.token).Err()
+			_ = nd.giveBack(nctx, keys, g.ticket, g.token)
 		}()
 	}
 	if g.lease != nil {
@@ -432,4 +432,12 @@ func (d *driver) watchTimeout() time.Duration {
 		return d.nodeTimeout
 	}
 	return MaxDefaultNodeTimeout
+}
+
+// giveBack runs release.lua on the node for a wait that has ended: it
+// removes the wait's ticket and, if the lock holds the wait's hand-off
+// token (never, for token ""), deletes it and hands it to the next waiter
+// as a release does.
+func (nd *node) giveBack(nctx context.Context, keys []string, ticket, token string) error {
+	return releaseScript.Run(nctx, nd.c, keys, token, "1", ticket).Err()
 }

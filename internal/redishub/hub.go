@@ -601,8 +601,8 @@ func (h *Hub) Close() error {
 	return nil
 }
 
-// GlobEscape escapes the glob characters of a SCAN MATCH pattern.
-func GlobEscape(s string) string {
+// globEscape escapes the glob characters of a SCAN MATCH pattern.
+func globEscape(s string) string {
 	var b strings.Builder
 	for _, r := range s {
 		if strings.ContainsRune(`*?[]\`, r) {
