@@ -109,7 +109,7 @@ func TestBenchMemory(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("status %d; stderr:\n%s", code, stderr)
 			}
-			for _, want := range []string{"memory  mem://", "unc p50", "dlock × floor speed", "load average", "fencing=yes"} {
+			for _, want := range []string{"memory  (fencing=yes", "\nmem://", "unc p50", "dlock × floor speed", "load average", "fencing=yes"} {
 				if !strings.Contains(stdout, want) {
 					t.Errorf("stdout lacks %q:\n%s", want, stdout)
 				}
@@ -153,7 +153,7 @@ func TestBenchQuiet(t *testing.T) {
 	if code != 0 || stderr != "" {
 		t.Errorf("status %d, stderr %q; want 0 and nothing", code, stderr)
 	}
-	if !strings.Contains(stdout, "memory  mem://") {
+	if !strings.Contains(stdout, "memory  (fencing=yes") {
 		t.Errorf("stdout lacks the table:\n%s", stdout)
 	}
 }

@@ -301,12 +301,32 @@ type Speeds struct {
 // the other's p50 over this one's, for a throughput this one's ops/s over
 // the other's. Higher is better; 1 is as fast. Min and Max are the lowest
 // and highest of the same ratio taken round by round (the two clients take
-// their turns side by side, so a round's ratio compares like with like); 0
-// when the rounds do not pair up.
+// their turns side by side, so a round's ratio compares like with like);
+// both 0 when the rounds do not pair up.
 type Speed struct {
 	X   float64 `json:"x"`
-	Min float64 `json:"min,omitempty"`
-	Max float64 `json:"max,omitempty"`
+	Min float64 `json:"min"`
+	Max float64 `json:"max"`
+}
+
+// roundRatio is a/b for one round: 0 when a is 0 (that client did
+// nothing in the round), -1 when b is not positive (no ratio).
+func roundRatio(a, b float64) float64 {
+	if b <= 0 || a < 0 {
+		return -1
+	}
+	return a / b
+}
+
+// spanRatios sets s.Min and s.Max from the rounds' ratios, unless one of
+// them has none.
+func (s *Speed) spanRatios(rs []float64) {
+	for _, r := range rs {
+		if r < 0 {
+			return
+		}
+	}
+	s.Min, s.Max = span(rs)
 }
 
 // latencySpeed is a's speed over b's by their p50s, or nil.
@@ -322,9 +342,9 @@ func latencySpeed(a, b *Latency) *Speed {
 	if len(a.Rounds) == len(b.Rounds) {
 		rs := make([]float64, len(a.Rounds))
 		for i := range a.Rounds {
-			rs[i] = ratio(float64(b.Rounds[i].P50), float64(a.Rounds[i].P50))
+			rs[i] = roundRatio(float64(b.Rounds[i].P50), float64(a.Rounds[i].P50))
 		}
-		s.Min, s.Max = span(rs)
+		s.spanRatios(rs)
 	}
 	return s
 }
@@ -342,9 +362,9 @@ func throughputSpeed(a, b *Throughput) *Speed {
 	if len(a.RoundOpsPerSec) == len(b.RoundOpsPerSec) {
 		rs := make([]float64, len(a.RoundOpsPerSec))
 		for i := range rs {
-			rs[i] = ratio(a.RoundOpsPerSec[i], b.RoundOpsPerSec[i])
+			rs[i] = roundRatio(a.RoundOpsPerSec[i], b.RoundOpsPerSec[i])
 		}
-		s.Min, s.Max = span(rs)
+		s.spanRatios(rs)
 	}
 	return s
 }

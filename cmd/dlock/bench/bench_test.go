@@ -210,6 +210,18 @@ func TestRatios(t *testing.T) {
 			t.Errorf("%s: speed %+v, want %v (%v–%v)", c.name, c.got, c.x, c.lo, c.hi)
 		}
 	}
+	// A round in which dlock did nothing is a ratio of 0, not a gap; a
+	// round the other did nothing in leaves no range.
+	a := &Throughput{OpsPerSec: 50, RoundOpsPerSec: []float64{0, 100}}
+	if got := throughputSpeed(a, &Throughput{OpsPerSec: 75, RoundOpsPerSec: []float64{50, 100}}); got == nil || got.Min != 0 || got.Max != 1 {
+		t.Errorf("speed with an idle dlock round = %+v, want 0–1", got)
+	}
+	if got := throughputSpeed(a, &Throughput{OpsPerSec: 75, RoundOpsPerSec: []float64{0, 100}}); got == nil || got.Max != 0 {
+		t.Errorf("speed with an idle floor round = %+v, want no range", got)
+	}
+	if got := speedCell(&Speed{X: 0.5, Min: 0, Max: 1}); got != "0.50× (0.00–1.00)" {
+		t.Errorf("speedCell = %q", got)
+	}
 	if m := sampleReport().Backends[1]; m.Ratios != (Ratios{}) || m.VsFloor != (Speeds{}) {
 		t.Errorf("ratios without measurements = %+v %+v, want zero", m.Ratios, m.VsFloor)
 	}
@@ -234,7 +246,7 @@ func TestWriteText(t *testing.T) {
 	}
 	out := buf.String()
 	for _, want := range []string{
-		"redis  redis://u:xxxxx@127.0.0.1:6379/0  (fencing=no fifo=no notified=yes)",
+		"redis  (fencing=no fifo=no notified=yes)\nredis://u:xxxxx@127.0.0.1:6379/0\n",
 		"load average (1, 5, 15 min) 4.51 3.93 5.80 at start, 1.50 2.00 3.00 at end",
 		"busy machine",
 		"dlock × floor speed (higher=faster)",
@@ -396,7 +408,7 @@ func TestWriteMarkdown(t *testing.T) {
 	if rows[2] != "| unc p50 | 105µs (99.8µs–116µs) | 100µs (95.0µs–110µs) | 0.95× (0.95–0.95) |" {
 		t.Errorf("unc p50 row = %s", rows[2])
 	}
-	if !strings.Contains(out, "### redis  redis://u:xxxxx@127.0.0.1:6379/0") {
+	if !strings.Contains(out, "### redis  (fencing=no fifo=no notified=yes)\n\n`redis://u:xxxxx@127.0.0.1:6379/0`") {
 		t.Errorf("markdown lacks the redacted URL:\n%s", out)
 	}
 }

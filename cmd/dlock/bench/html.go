@@ -24,8 +24,22 @@ var (
 		"ops":   formatOps,
 		"pct":   func(f float64) string { return sig3(f*100) + "%" },
 		"noisy": func(cell string) bool { return strings.HasSuffix(cell, noisyMark) },
+		"cell":  htmlCell,
 	}).Parse(reportTmpl))
 )
+
+// htmlCell renders a table cell "455µs (380µs–573µs) !" as the figure
+// with its range on a line below it, smaller, so that a narrow table
+// wraps between the two and nowhere else.
+func htmlCell(cell string) template.HTML {
+	cell = strings.TrimSuffix(cell, noisyMark)
+	value, rng, ok := strings.Cut(cell, " (")
+	if !ok || !strings.HasSuffix(rng, ")") {
+		return template.HTML(template.HTMLEscapeString(cell))
+	}
+	return template.HTML(template.HTMLEscapeString(value) + `<span class="rng">` +
+		template.HTMLEscapeString(strings.TrimSuffix(rng, ")")) + `</span>`)
+}
 
 // htmlData is what the page's script draws: per backend and client, the
 // latency quantiles in ms and the throughputs with their ranges over the

@@ -68,6 +68,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintln(ew)
 	for _, b := range r.blocks() {
 		fmt.Fprintln(ew, b.Title)
+		fmt.Fprintln(ew, b.URL)
 		if err := writeAligned(ew, b.Rows); err != nil {
 			return err
 		}
@@ -116,7 +117,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	ew := &errWriter{w: w}
 	fmt.Fprintf(ew, "## dlock bench\n\n%s\n\n%s\n\n", strings.ReplaceAll(r.settings(), "\n", " "), r.machineLoad())
 	for _, b := range r.blocks() {
-		fmt.Fprintf(ew, "### %s\n\n", b.Title)
+		fmt.Fprintf(ew, "### %s\n\n`%s`\n\n", b.Title, b.URL)
 		writeMarkdownTable(ew, b.Rows)
 		fmt.Fprintln(ew)
 	}
@@ -361,7 +362,7 @@ func speedCell(s *Speed) string {
 		return "-"
 	}
 	out := formatSpeed(s.X)
-	if s.Min > 0 && s.Max > 0 {
+	if s.Max > 0 {
 		out += " (" + strconv.FormatFloat(s.Min, 'f', 2, 64) + "–" + strconv.FormatFloat(s.Max, 'f', 2, 64) + ")"
 	}
 	return out
@@ -380,7 +381,8 @@ const (
 // per client (dlock, the floor), and dlock's speed against the floor.
 type block struct {
 	Backend string
-	Title   string
+	Title   string // the backend and its capabilities
+	URL     string // on a line of its own: a redlock URL names five servers
 	Rows    [][]string
 }
 
@@ -403,11 +405,11 @@ func (r *Report) blocks() []block {
 		add("cont ops/s", func(r Result) string { return thrCell(r.Contended) }, b.VsFloor.Contended)
 		add("cont fairness", func(r Result) string { return fairCell(r.Contended) }, nil)
 		add("indep ops/s", func(r Result) string { return thrCell(r.Independent) }, b.VsFloor.Independent)
-		title := fmt.Sprintf("%s  %s", b.Backend, b.URL)
+		title := b.Backend
 		if b.Capabilities != (Capabilities{}) || d.Uncontended != nil {
 			title += "  (" + b.Capabilities.String() + ")"
 		}
-		out = append(out, block{Backend: b.Backend, Title: title, Rows: rows})
+		out = append(out, block{Backend: b.Backend, Title: title, URL: b.URL, Rows: rows})
 	}
 	return out
 }
