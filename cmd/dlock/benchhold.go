@@ -99,7 +99,7 @@ Flags:
 	var targets []bench.HoldTarget
 	for _, t := range ts {
 		raw, srvs := t.raw, t.srvs
-		ht := bench.HoldTarget{Backend: t.name, URL: driver.RedactURL(t.u), Addrs: t.addrs,
+		ht := bench.HoldTarget{Backend: t.name, URL: driver.RedactURL(t.u), Addrs: t.addrs, Advice: holdAdvice(t),
 			Open: func(ctx context.Context) (*dlock.Locker, error) { return dlock.Open(ctx, raw) }}
 		if len(srvs) > 0 {
 			ht.ServerCPU = func() (time.Duration, error) {
@@ -133,12 +133,30 @@ Flags:
 			return 1
 		}
 	}
+	status := 0
 	for _, r := range results {
+		if s := r.Short(); s != "" {
+			fmt.Fprintf(stderr, "dlock bench hold: %s\n", s)
+		}
 		if len(r.Errors) > 0 || r.Lost > 0 || r.Acquired < r.N {
-			return 1
+			status = 1
 		}
 	}
-	return 0
+	return status
+}
+
+// holdAdvice says what to set for t's backend to hold more leases at once
+// than its client allows, or "" when there is nothing to set.
+func holdAdvice(t benchTarget) string {
+	if t.name != "postgres" {
+		return ""
+	}
+	if v, _ := strconv.ParseBool(t.u.Query().Get("shared_sessions")); v {
+		return "raise pool_max_conns (-params postgres=pool_max_conns=N), within the server's max_connections"
+	}
+	return "without shared sessions each postgres lease holds a connection of the pool: add\n" +
+		"shared_sessions=true to the URL (here: -params postgres=shared_sessions=true) to hold many leases on a few\n" +
+		"sessions, or raise pool_max_conns within the server's max_connections"
 }
 
 // startHogs starts k busy shell loops, each a process of its own that takes

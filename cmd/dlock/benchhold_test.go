@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlock/dlock/dlocktest"
 )
@@ -86,5 +87,33 @@ func TestBenchHoldRedis(t *testing.T) {
 	}
 	if code, _, _ := runCmd(t, "bench", "hold", "-hog", "-1"); code != 2 {
 		t.Errorf("-hog -1: status %d, want 2", code)
+	}
+}
+
+// A postgres Locker with a connection per lease and a pool of 4 cannot hold
+// 20 leases: the bench stops at the pool's limit (not at its budget), shows
+// no heap per lease, and says what to set.
+func TestBenchHoldPostgresShort(t *testing.T) {
+	srv := dlocktest.Require(t, dlocktest.Postgres)
+	url := "postgres://" + dlocktest.PostgresUser + ":" + dlocktest.PostgresPassword + "@" + srv.Addr() + "/" +
+		dlocktest.PostgresDatabase + "?sslmode=disable"
+	start := time.Now()
+	code, out, errOut := runCmd(t, "bench", "hold", "-backends", "postgres", "-url", "postgres="+url,
+		"-params", "postgres=shared_sessions=false&pool_max_conns=4", "-n", "20", "-hold", "200ms", "-budget", "60s", "-q")
+	if code != 1 {
+		t.Fatalf("status %d, want 1; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("took %v: the bench waited for its budget instead of stopping at the pool's limit", took)
+	}
+	for _, want := range []string{"postgres N=20: held", "shared_sessions=true", "pool_max_conns"} {
+		if !strings.Contains(out, want) || !strings.Contains(errOut, want) {
+			t.Errorf("stdout or stderr lacks %q:\nstdout:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) > 8 && f[0] == "postgres" && (f[3] == "20" || f[8] != "-") {
+			t.Errorf("row %q: want fewer than 20 held and no heap per lease", line)
+		}
 	}
 }

@@ -49,7 +49,7 @@ func TestBenchPeers(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("status %d; stdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 			}
-			for _, want := range append([]string{"dlock beside other libraries", "dlock/best peer"}, tt.peers...) {
+			for _, want := range append([]string{"dlock beside other libraries", "dlock × best peer speed"}, tt.peers...) {
 				if !strings.Contains(stdout, want) {
 					t.Errorf("stdout lacks %q:\n%s", want, stdout)
 				}

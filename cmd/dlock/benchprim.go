@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,7 +23,9 @@ func benchPrimMain(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs := flag.NewFlagSet("dlock bench primitives", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg bench.PrimConfig
-	list := fs.String("backends", "memory,redis,etcd,zookeeper,postgres", "comma-separated `list` of backends")
+	// Every backend, those lacking every primitive too: their row of '-'
+	// says so.
+	list := fs.String("backends", strings.Join(backendNames(), ","), "comma-separated `list` of backends")
 	urls := urlFlag{}
 	fs.Var(urls, "url", "use the server at `name=URL` for backend name instead of starting one (repeatable)")
 	fs.IntVar(&cfg.N, "n", 200, "acquire+release samples")

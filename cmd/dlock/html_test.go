@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"image/png"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,10 +57,214 @@ func headless(t *testing.T, browser, page string, args ...string) []byte {
 	return out.Bytes()
 }
 
+// probeJS is added to a copy of the page, after its own scripts: once the
+// page has loaded it reads what Chart.js laid out (every chart's bars,
+// axis ticks and legend) and the page's widths, and writes them as JSON
+// into the DOM, where --dump-dom shows them. It reads the charts through
+// Chart.js's public API only, so that it works on any page that draws with
+// Chart.js, the reports of older versions included.
+const probeJS = `<script>
+window.addEventListener("load", function () {
+  var out = {viewport: window.innerWidth, scrollWidth: document.documentElement.scrollWidth, charts: [], tables: []};
+  Object.values(Chart.instances).forEach(function (c) {
+    var ch = {id: c.canvas.id, type: c.config.type, height: c.chartArea.bottom - c.chartArea.top, bars: [], scales: [], legend: []};
+    c.data.datasets.forEach(function (ds, i) {
+      var meta = c.getDatasetMeta(i);
+      if (meta.type !== "bar" || meta.hidden) return;
+      meta.data.forEach(function (el, j) {
+        var v = ds.data[j];
+        if (v === null || v === undefined) return;
+        if (typeof v === "object") v = v.y;
+        var p = el.getProps(["y", "base"], true);
+        ch.bars.push({label: (c.data.labels[j] || "") + " " + (ds.label || ""), value: v, px: Math.abs(p.base - p.y)});
+      });
+    });
+    Object.values(c.scales).forEach(function (s) {
+      var font = Chart.helpers.toFont(s.options.ticks.font);
+      c.ctx.save(); c.ctx.font = font.string;
+      var ticks = s.ticks.map(function (t, i) {
+        var label = Array.isArray(t.label) ? t.label.join(" ") : String(t.label === undefined ? "" : t.label);
+        return {label: label, px: s.getPixelForTick(i), width: c.ctx.measureText(label).width};
+      });
+      c.ctx.restore();
+      ch.scales.push({id: s.id, type: s.type, horizontal: s.isHorizontal(), rotation: s.labelRotation || 0,
+        font: font.lineHeight, display: s.options.display !== false && s.options.ticks.display !== false, ticks: ticks});
+    });
+    if (c.legend && c.legend.legendItems) c.legend.legendItems.forEach(function (li) {
+      ch.legend.push({text: li.text, dashed: !!(li.lineDash && li.lineDash.length), pointStyle: String(li.pointStyle || ""),
+        usePointStyle: !!c.legend.options.labels.usePointStyle, styleWidth: c.legend.options.labels.pointStyleWidth || 0});
+    });
+    out.charts.push(ch);
+  });
+  document.querySelectorAll("table").forEach(function (t) {
+    var box = t.parentElement.getBoundingClientRect();
+    out.tables.push({width: t.scrollWidth, room: Math.min(box.width, window.innerWidth)});
+  });
+  var s = document.createElement("script");
+  s.type = "application/json"; s.id = "dlock-probe";
+  s.textContent = JSON.stringify(out).replace(/</g, "\\u003c");
+  document.body.appendChild(s);
+});
+</script>`
+
+// probe is what probeJS reports.
+type probe struct {
+	Viewport    float64 `json:"viewport"`
+	ScrollWidth float64 `json:"scrollWidth"`
+	Charts      []struct {
+		ID     string  `json:"id"`
+		Type   string  `json:"type"`
+		Height float64 `json:"height"`
+		Bars   []struct {
+			Label string  `json:"label"`
+			Value float64 `json:"value"`
+			Px    float64 `json:"px"`
+		} `json:"bars"`
+		Scales []struct {
+			ID         string  `json:"id"`
+			Type       string  `json:"type"`
+			Horizontal bool    `json:"horizontal"`
+			Rotation   float64 `json:"rotation"`
+			Font       float64 `json:"font"`
+			Display    bool    `json:"display"`
+			Ticks      []struct {
+				Label string  `json:"label"`
+				Px    float64 `json:"px"`
+				Width float64 `json:"width"`
+			} `json:"ticks"`
+		} `json:"scales"`
+		Legend []struct {
+			Text          string `json:"text"`
+			Dashed        bool   `json:"dashed"`
+			PointStyle    string `json:"pointStyle"`
+			UsePointStyle bool   `json:"usePointStyle"`
+			StyleWidth    int    `json:"styleWidth"`
+		} `json:"legend"`
+	} `json:"charts"`
+	Tables []struct {
+		Width float64 `json:"width"`
+		Room  float64 `json:"room"`
+	} `json:"tables"`
+}
+
+// minBarPx is the least height, in pixels, of a bar that shows a value: a
+// chart whose bars are thinner says nothing about them.
+const minBarPx = 4
+
+// sigDigits counts the significant digits of a numeric tick label
+// ("300.0000" has 7, "0.0003" 1, "1,000" 1), or returns 0 for a label with
+// no number.
+func sigDigits(label string) int {
+	num := regexp.MustCompile(`[0-9][0-9,]*(\.[0-9]+)?`).FindString(label)
+	if num == "" {
+		return 0
+	}
+	num = strings.ReplaceAll(num, ",", "")
+	intPart, frac, dotted := strings.Cut(num, ".")
+	digits := strings.TrimLeft(intPart+frac, "0")
+	if !dotted {
+		digits = strings.TrimRight(digits, "0")
+	}
+	return max(len(digits), 1)
+}
+
+// checkRendered lists what makes the rendered page hard to read: bars too
+// thin to see, tick labels with more digits than a reader can use or
+// overlapping their neighbours, dashed series whose legend swatch is a
+// dashed box rather than a line, a page or table wider than the window.
+func checkRendered(p probe) []string {
+	var bad []string
+	errorf := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	if p.ScrollWidth > p.Viewport+1 {
+		errorf("the page is %.0f px wide in a %.0f px window", p.ScrollWidth, p.Viewport)
+	}
+	for i, tb := range p.Tables {
+		if tb.Width > tb.Room+1 {
+			errorf("table %d is %.0f px wide in %.0f px: cut off behind a scrollbar", i, tb.Width, tb.Room)
+		}
+	}
+	for _, c := range p.Charts {
+		for _, b := range c.Bars {
+			if b.Value > 0 && b.Px < minBarPx {
+				errorf("chart %s: bar %q (%g) is %.1f px tall in a %.0f px plot, want at least %d",
+					c.ID, b.Label, b.Value, b.Px, c.Height, minBarPx)
+			}
+		}
+		for _, s := range c.Scales {
+			if !s.Display {
+				continue
+			}
+			for j, tk := range s.Ticks {
+				if n := sigDigits(tk.Label); n > 3 {
+					errorf("chart %s axis %s: tick label %q has %d significant digits, want at most 3", c.ID, s.ID, tk.Label, n)
+				}
+				if j == 0 || tk.Label == "" {
+					continue
+				}
+				prev := s.Ticks[j-1]
+				if prev.Label == "" {
+					continue
+				}
+				gap := math.Abs(tk.Px - prev.Px)
+				// The room the two labels need along the axis: half of
+				// each one's extent, which is its width on a horizontal
+				// axis with unrotated labels, and the line height
+				// otherwise (over the sine of the rotation).
+				need := s.Font
+				switch {
+				case s.Horizontal && s.Rotation == 0:
+					need = (tk.Width + prev.Width) / 2
+				case s.Horizontal:
+					need = s.Font / math.Sin(s.Rotation*math.Pi/180)
+				}
+				if gap < need {
+					errorf("chart %s axis %s: tick labels %q and %q overlap (%.0f px apart, need %.0f)",
+						c.ID, s.ID, prev.Label, tk.Label, gap, need)
+				}
+			}
+		}
+		for _, l := range c.Legend {
+			if l.Dashed && (!l.UsePointStyle || l.PointStyle != "line" || l.StyleWidth < 20) {
+				errorf("chart %s: legend %q draws a dashed series as a dashed box (usePointStyle %v, pointStyle %q, width %d), want a line sample",
+					c.ID, l.Text, l.UsePointStyle, l.PointStyle, l.StyleWidth)
+			}
+		}
+	}
+	return bad
+}
+
+// renderProbe opens a copy of page with probeJS added and returns what it
+// reports, and the DOM.
+func renderProbe(t *testing.T, browser string, html []byte) (probe, string) {
+	t.Helper()
+	i := bytes.LastIndex(html, []byte("</body>"))
+	if i < 0 {
+		t.Fatal("the page has no </body>")
+	}
+	probed := filepath.Join(t.TempDir(), "probed.html")
+	withProbe := append(append(append([]byte{}, html[:i]...), probeJS...), html[i:]...)
+	if err := os.WriteFile(probed, withProbe, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dom := string(headless(t, browser, probed, "--dump-dom"))
+	m := regexp.MustCompile(`(?s)<script type="application/json" id="dlock-probe">(.*?)</script>`).FindStringSubmatch(dom)
+	if m == nil {
+		t.Fatalf("the probe wrote nothing: the page did not load, or has no Chart.js")
+	}
+	var p probe
+	if err := json.Unmarshal([]byte(m[1]), &p); err != nil {
+		t.Fatalf("probe: %v in %s", err, m[1])
+	}
+	return p, dom
+}
+
 // `dlock bench -html` on memory and a real Redis writes one self-contained
-// page; headless Chromium draws its four charts (canvases sized by Chart.js,
-// a screenshot with the charts' colours in it) without a script error, and
-// the page asks the network for nothing.
+// page; headless Chromium draws its charts without a script error, the
+// page asks the network for nothing, and what it draws can be read: every
+// bar at least a few pixels tall, tick labels short and apart, dashed
+// series drawn as lines in the legends, the tables within a 1280 px window
+// (checkRendered, from the charts' own geometry); a screenshot has the
+// charts' colours in it.
 func TestBenchHTMLInChromium(t *testing.T) {
 	browser := chromium(t)
 	addr := dlocktest.Require(t, dlocktest.Redis).Addr()
@@ -75,25 +282,33 @@ func TestBenchHTMLInChromium(t *testing.T) {
 	}
 	t.Logf("page: %d bytes", len(html))
 
-	dom := string(headless(t, browser, page, "--dump-dom"))
-	if got := regexp.MustCompile(`data-charts="(\d+)"`).FindStringSubmatch(dom); got == nil || got[1] != "4" {
-		t.Errorf("charts drawn: %v, want 4", got)
-	}
+	p, dom := renderProbe(t, browser, html)
 	if !strings.Contains(dom, `data-errors=""`) {
 		t.Errorf("script errors on the page: %s", regexp.MustCompile(`data-errors="[^"]*"`).FindString(dom))
 	}
-	canvases := regexp.MustCompile(`<canvas[^>]*id="(cdf|bars)-[a-z]+"[^>]*height="(\d+)"`).FindAllStringSubmatch(dom, -1)
-	if len(canvases) != 4 {
-		t.Errorf("%d canvases sized by Chart.js, want 4", len(canvases))
+	kinds := map[string]int{}
+	for _, c := range p.Charts {
+		kinds[c.Type]++
 	}
-	for _, name := range []string{"memory dlock", "redis floor"} {
-		if !strings.Contains(dom, name) && !strings.Contains(string(html), strings.Fields(name)[0]) {
+	if kinds["scatter"] < 2 || kinds["bar"] < 2 {
+		t.Errorf("charts drawn: %v, want at least 2 latency CDFs (scatter) and 2 throughput bar charts", kinds)
+	}
+	for _, e := range checkRendered(p) {
+		t.Error(e)
+	}
+	for _, name := range []string{"memory", "redis"} {
+		if !strings.Contains(dom, name) {
 			t.Errorf("the page does not mention %s", name)
 		}
 	}
 
 	shot := filepath.Join(t.TempDir(), "shot.png")
 	headless(t, browser, page, "--screenshot="+shot, "--hide-scrollbars")
+	if dir := os.Getenv("DLOCK_SCREENSHOT_DIR"); dir != "" {
+		b, _ := os.ReadFile(shot)
+		_ = os.WriteFile(filepath.Join(dir, "report.png"), b, 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "report.html"), html, 0o644)
+	}
 	f, err := os.Open(shot)
 	if err != nil {
 		t.Fatal(err)
@@ -116,4 +331,50 @@ func TestBenchHTMLInChromium(t *testing.T) {
 		t.Errorf("the screenshot lacks the charts' colours (%d distinct colours)", len(colours))
 	}
 	t.Logf("screenshot %dx%d, %d distinct colours", b.Dx(), b.Dy(), len(colours))
+}
+
+// The checks of checkRendered themselves, on made-up geometry: each one
+// catches what it is meant to, and a readable page passes.
+func TestCheckRendered(t *testing.T) {
+	for _, c := range []struct {
+		label string
+		want  int
+	}{
+		{"300.0000", 7}, {"0.0003", 1}, {"70.0000", 6}, {"1,000", 1}, {"250µs", 2}, {"1.25ms", 3}, {"100k", 1}, {"memory", 0},
+	} {
+		if got := sigDigits(c.label); got != c.want {
+			t.Errorf("sigDigits(%q) = %d, want %d", c.label, got, c.want)
+		}
+	}
+	good := `{"viewport":1280,"scrollWidth":1280,"tables":[{"width":900,"room":1200}],"charts":[
+	  {"id":"bars","type":"bar","height":250,"bars":[{"label":"redis dlock","value":39,"px":60},{"label":"etcd dlock","value":1176,"px":200}],
+	   "scales":[{"id":"x","horizontal":true,"font":14,"display":true,"ticks":[{"label":"redis","px":100,"width":30},{"label":"etcd","px":200,"width":25}]},
+	             {"id":"y","horizontal":false,"font":14,"display":true,"ticks":[{"label":"10","px":250},{"label":"100","px":170},{"label":"1,000","px":90}]}]},
+	  {"id":"cdf","type":"scatter","height":250,"scales":[{"id":"x","horizontal":true,"font":14,"display":true,
+	     "ticks":[{"label":"300µs","px":50,"width":34},{"label":"1ms","px":120,"width":22}]}],
+	   "legend":[{"text":"redis floor","dashed":true,"pointStyle":"line","usePointStyle":true,"styleWidth":40}]}]}`
+	for _, c := range []struct {
+		name, from, to, want string
+	}{
+		{"readable", "", "", ""},
+		{"flat bar", `"value":39,"px":60`, `"value":39,"px":0.3`, "0.3 px tall"},
+		{"long tick", `"label":"300µs"`, `"label":"300.0000"`, "7 significant digits"},
+		{"overlap", `"px":120,"width":22`, `"px":70,"width":22`, "overlap"},
+		{"vertical overlap", `"label":"100","px":170`, `"label":"100","px":245`, "overlap"},
+		{"dashed box", `"usePointStyle":true`, `"usePointStyle":false`, "dashed box"},
+		{"wide table", `"width":900`, `"width":1300`, "cut off"},
+		{"wide page", `"scrollWidth":1280`, `"scrollWidth":1500`, "1500 px wide"},
+	} {
+		var p probe
+		if err := json.Unmarshal([]byte(strings.Replace(good, c.from, c.to, 1)), &p); err != nil {
+			t.Fatal(err)
+		}
+		bad := checkRendered(p)
+		switch {
+		case c.want == "" && len(bad) > 0:
+			t.Errorf("%s: %q, want nothing", c.name, bad)
+		case c.want != "" && (len(bad) != 1 || !strings.Contains(bad[0], c.want)):
+			t.Errorf("%s: %q, want one complaint with %q", c.name, bad, c.want)
+		}
+	}
 }

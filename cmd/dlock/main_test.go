@@ -109,7 +109,7 @@ func TestBenchMemory(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("status %d; stderr:\n%s", code, stderr)
 			}
-			for _, want := range []string{"backend", "memory   dlock", "memory   floor", "fencing=yes"} {
+			for _, want := range []string{"memory  (fencing=yes", "\nmem://", "unc p50", "dlock × floor speed", "load average", "fencing=yes"} {
 				if !strings.Contains(stdout, want) {
 					t.Errorf("stdout lacks %q:\n%s", want, stdout)
 				}
@@ -136,7 +136,7 @@ func TestBenchMemory(t *testing.T) {
 					t.Errorf("JSON report = %+v, want one memory backend with contended ops", rep)
 				}
 			case "md":
-				if !strings.Contains(string(b), "| memory | dlock |") {
+				if !strings.Contains(string(b), "| memory | dlock | floor |") {
 					t.Errorf("Markdown report lacks the memory row:\n%s", b)
 				}
 			case "txt":
@@ -153,7 +153,7 @@ func TestBenchQuiet(t *testing.T) {
 	if code != 0 || stderr != "" {
 		t.Errorf("status %d, stderr %q; want 0 and nothing", code, stderr)
 	}
-	if !strings.Contains(stdout, "memory   dlock") {
+	if !strings.Contains(stdout, "memory  (fencing=yes") {
 		t.Errorf("stdout lacks the table:\n%s", stdout)
 	}
 }

@@ -134,11 +134,16 @@ type Report struct {
 	// Machine and Version describe where the run ran: the CPU model and OS
 	// (from /proc/cpuinfo and /etc/os-release where there are), and dlock's
 	// module version ("(devel)" in a checkout).
-	CPU      string          `json:"cpu,omitempty"`
-	OS       string          `json:"os"`
-	Version  string          `json:"dlock_version,omitempty"`
-	Config   Config          `json:"config"`
-	Backends []BackendResult `json:"backends"`
+	CPU     string `json:"cpu,omitempty"`
+	OS      string `json:"os"`
+	Version string `json:"dlock_version,omitempty"`
+	Config  Config `json:"config"`
+	// LoadStart and LoadEnd are the machine's load averages over 1, 5 and
+	// 15 minutes (/proc/loadavg) when the run started and ended; absent
+	// where there are none.
+	LoadStart []float64       `json:"load_start,omitempty"`
+	LoadEnd   []float64       `json:"load_end,omitempty"`
+	Backends  []BackendResult `json:"backends"`
 }
 
 // Err joins every scenario error of the report, or returns nil.
@@ -163,6 +168,9 @@ type BackendResult struct {
 	Dlock        Result       `json:"dlock"`
 	Floor        Result       `json:"floor"`
 	Ratios       Ratios       `json:"ratios"`
+	// VsFloor is dlock's speed as a multiple of the floor's in each
+	// scenario, with its range over the rounds: higher is better.
+	VsFloor Speeds `json:"vs_floor"`
 	// Peers are the other libraries measured beside dlock (Target.Peers),
 	// and VsPeers dlock against the fastest of them; both absent without
 	// peers.
@@ -211,6 +219,18 @@ type Latency struct {
 	// Quantiles are the 0th to 100th percentiles (101 values): the
 	// distribution, for the HTML report's CDF.
 	Quantiles []time.Duration `json:"quantiles_ns,omitempty"`
+	// Rounds are the figures of each round (the samples cut into
+	// Config.Rounds parts in the order taken, each part a run of whole
+	// turns): their spread says how far the figures above can be trusted.
+	Rounds []RoundLatency `json:"rounds,omitempty"`
+}
+
+// RoundLatency is one round's part of a latency scenario.
+type RoundLatency struct {
+	N         int           `json:"n"`
+	P50       time.Duration `json:"p50_ns"`
+	P99       time.Duration `json:"p99_ns"`
+	OpsPerSec float64       `json:"ops_per_sec,omitempty"`
 }
 
 // Throughput is a throughput scenario's outcome.
@@ -224,15 +244,17 @@ type Throughput struct {
 	Max       int64         `json:"max"`
 	// Fairness is Min/Max.
 	Fairness float64 `json:"fairness"`
-	// RoundOpsPerSec is the throughput of each turn (Config.Rounds): a wide
-	// spread means the figure is not stable on this machine.
+	// RoundOpsPerSec is the throughput of each round (Config.Rounds): a
+	// wide spread means the figure is not stable on this machine.
 	RoundOpsPerSec []float64 `json:"round_ops_per_sec"`
 	// Overlaps counts acquisitions granted while another worker still held
 	// the same name: a correct lock has none.
 	Overlaps int64 `json:"overlaps"`
 }
 
-// Ratios compare the rows; 0 when a side is missing.
+// Ratios compare the rows; 0 when a side is missing. Their directions
+// differ (a p50 ratio above 1 is slower, an ops/s ratio above 1 faster):
+// the report shows VsFloor, which always reads "higher is better".
 type Ratios struct {
 	// UncontendedP50 is dlock's uncontended p50 over the floor's.
 	UncontendedP50 float64 `json:"uncontended_p50_dlock_over_floor"`
@@ -258,6 +280,93 @@ func (b *BackendResult) computeRatios() {
 	if d.Contended != nil && f.Contended != nil {
 		b.Ratios.ContendedOps = ratio(d.Contended.OpsPerSec, f.Contended.OpsPerSec)
 	}
+	b.VsFloor = Speeds{
+		Uncontended: latencySpeed(d.Uncontended, f.Uncontended),
+		Handoff:     latencySpeed(d.Handoff, f.Handoff),
+		Contended:   throughputSpeed(d.Contended, f.Contended),
+		Independent: throughputSpeed(d.Independent, f.Independent),
+	}
+}
+
+// Speeds are one client's speed as a multiple of another's, per scenario;
+// a scenario either side lacks is nil.
+type Speeds struct {
+	Uncontended *Speed `json:"uncontended,omitempty"`
+	Handoff     *Speed `json:"handoff,omitempty"`
+	Contended   *Speed `json:"contended,omitempty"`
+	Independent *Speed `json:"independent,omitempty"`
+}
+
+// Speed is how many times as fast one client is as another: for a latency
+// the other's p50 over this one's, for a throughput this one's ops/s over
+// the other's. Higher is better; 1 is as fast. Min and Max are the lowest
+// and highest of the same ratio taken round by round (the two clients take
+// their turns side by side, so a round's ratio compares like with like);
+// both 0 when the rounds do not pair up.
+type Speed struct {
+	X   float64 `json:"x"`
+	Min float64 `json:"min"`
+	Max float64 `json:"max"`
+}
+
+// roundRatio is a/b for one round: 0 when a is 0 (that client did
+// nothing in the round), -1 when b is not positive (no ratio).
+func roundRatio(a, b float64) float64 {
+	if b <= 0 || a < 0 {
+		return -1
+	}
+	return a / b
+}
+
+// spanRatios sets s.Min and s.Max from the rounds' ratios, unless one of
+// them has none.
+func (s *Speed) spanRatios(rs []float64) {
+	for _, r := range rs {
+		if r < 0 {
+			return
+		}
+	}
+	s.Min, s.Max = span(rs)
+}
+
+// latencySpeed is a's speed over b's by their p50s, or nil.
+func latencySpeed(a, b *Latency) *Speed {
+	if a == nil || b == nil {
+		return nil
+	}
+	x := ratio(float64(b.P50), float64(a.P50))
+	if x == 0 {
+		return nil
+	}
+	s := &Speed{X: x}
+	if len(a.Rounds) == len(b.Rounds) {
+		rs := make([]float64, len(a.Rounds))
+		for i := range a.Rounds {
+			rs[i] = roundRatio(float64(b.Rounds[i].P50), float64(a.Rounds[i].P50))
+		}
+		s.spanRatios(rs)
+	}
+	return s
+}
+
+// throughputSpeed is a's speed over b's by their ops/s, or nil.
+func throughputSpeed(a, b *Throughput) *Speed {
+	if a == nil || b == nil {
+		return nil
+	}
+	x := ratio(a.OpsPerSec, b.OpsPerSec)
+	if x == 0 {
+		return nil
+	}
+	s := &Speed{X: x}
+	if len(a.RoundOpsPerSec) == len(b.RoundOpsPerSec) {
+		rs := make([]float64, len(a.RoundOpsPerSec))
+		for i := range rs {
+			rs[i] = roundRatio(a.RoundOpsPerSec[i], b.RoundOpsPerSec[i])
+		}
+		s.spanRatios(rs)
+	}
+	return s
 }
 
 // PeerRatios compare dlock with the fastest peer in each scenario: the
@@ -274,10 +383,14 @@ type PeerRatios struct {
 	Independent *PeerRatio `json:"independent_ops,omitempty"`
 }
 
-// PeerRatio is dlock over the fastest peer in one scenario.
+// PeerRatio is dlock over the fastest peer in one scenario. Ratio is
+// dlock's figure over the peer's (for a p50 below 1 is faster); Speed is
+// dlock's speed over the peer's, higher is better, with its range over the
+// rounds.
 type PeerRatio struct {
 	Peer  string  `json:"peer"`
 	Ratio float64 `json:"ratio"`
+	Speed *Speed  `json:"speed,omitempty"`
 }
 
 // computePeerRatios sets VsPeers when there are peers.
@@ -325,6 +438,26 @@ func (b *BackendResult) computePeerRatios() {
 		Contended:   best(ops(d.Contended), func(r Result) float64 { return ops(r.Contended) }, false),
 		Independent: best(ops(d.Independent), func(r Result) float64 { return ops(r.Independent) }, false),
 	}
+	peer := func(name string) Result {
+		for _, p := range b.Peers {
+			if p.Client == name {
+				return p
+			}
+		}
+		return Result{}
+	}
+	if r := b.VsPeers.Uncontended; r != nil {
+		r.Speed = latencySpeed(d.Uncontended, peer(r.Peer).Uncontended)
+	}
+	if r := b.VsPeers.Handoff; r != nil {
+		r.Speed = latencySpeed(d.Handoff, peer(r.Peer).Handoff)
+	}
+	if r := b.VsPeers.Contended; r != nil {
+		r.Speed = throughputSpeed(d.Contended, peer(r.Peer).Contended)
+	}
+	if r := b.VsPeers.Independent; r != nil {
+		r.Speed = throughputSpeed(d.Independent, peer(r.Peer).Independent)
+	}
 }
 
 // Run measures every target in turn. Scenario failures are recorded in the
@@ -339,8 +472,9 @@ func Run(ctx context.Context, cfg Config, targets []Target) (*Report, error) {
 	rep := &Report{
 		Started: time.Now(), GoVersion: runtime.Version(),
 		GOMAXPROCS: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU(), Config: cfg,
-		CPU: cpuModel(), OS: osName(), Version: dlockVersion(),
+		CPU: cpuModel(), OS: osName(), Version: dlockVersion(), LoadStart: loadAverage(),
 	}
+	defer func() { rep.LoadEnd = loadAverage() }()
 	total := 0 // scenarios × clients: the progress lines' denominator
 	for _, t := range targets {
 		total += 4 * (2 + len(t.Peers))

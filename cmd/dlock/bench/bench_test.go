@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/goleak"
 
@@ -137,13 +138,17 @@ func TestFormatFor(t *testing.T) {
 	}
 }
 
-// sampleReport is a fixed report for the rendering tests.
+// sampleReport is a fixed report for the rendering tests: redis measured
+// in two rounds (dlock's contended rounds disagree: noisy), memory failed.
 func sampleReport() *Report {
 	lat := func(p50, p99 time.Duration, ops float64) *Latency {
-		return &Latency{N: 100, P50: p50, P99: p99, Mean: p50, Max: p99, OpsPerSec: ops}
+		return &Latency{N: 100, P50: p50, P99: p99, Mean: p50, Max: p99, OpsPerSec: ops, Rounds: []RoundLatency{
+			{N: 50, P50: p50 * 95 / 100, P99: p99 * 9 / 10, OpsPerSec: ops * 1.05},
+			{N: 50, P50: p50 * 110 / 100, P99: p99, OpsPerSec: ops * 0.9},
+		}}
 	}
-	thr := func(ops float64, lo, hi int64) *Throughput {
-		t := &Throughput{Elapsed: time.Second}
+	thr := func(ops float64, lo, hi int64, rounds ...float64) *Throughput {
+		t := &Throughput{Elapsed: time.Second, RoundOpsPerSec: rounds}
 		Spread(t, []int64{lo, hi})
 		t.OpsPerSec = ops
 		return t
@@ -152,9 +157,11 @@ func sampleReport() *Report {
 		Backend: "redis", URL: "redis://u:xxxxx@127.0.0.1:6379/0",
 		Capabilities: Capabilities{Fencing: false, NotifiedWait: true},
 		Dlock: Result{Client: "dlock", Uncontended: lat(105*time.Microsecond, 300*time.Microsecond, 9000),
-			Handoff: lat(210*time.Microsecond, 1*time.Millisecond, 0), Contended: thr(5000, 80, 100), Independent: thr(20000, 100, 100)},
+			Handoff: lat(210*time.Microsecond, 1*time.Millisecond, 0), Contended: thr(5000, 80, 100, 4000, 6000),
+			Independent: thr(20000, 100, 100, 19000, 21000)},
 		Floor: Result{Client: "floor", Uncontended: lat(100*time.Microsecond, 200*time.Microsecond, 10000),
-			Handoff: lat(150*time.Microsecond, 400*time.Microsecond, 0), Contended: thr(5500, 90, 100), Independent: thr(25000, 100, 100)},
+			Handoff: lat(150*time.Microsecond, 400*time.Microsecond, 0), Contended: thr(5500, 90, 100, 5400, 5600),
+			Independent: thr(25000, 100, 100, 24000, 26000)},
 	}
 	b.computeRatios()
 	mem := BackendResult{Backend: "memory", URL: "mem://x", Dlock: Result{Client: "dlock", Errors: []string{"handoff: boom"}},
@@ -162,15 +169,18 @@ func sampleReport() *Report {
 	mem.computeRatios()
 	return &Report{
 		Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), GoVersion: "go1.26", GOMAXPROCS: 2, NumCPU: 2,
-		Config:   Config{Duration: time.Second, N: 100, HandoffN: 100, Workers: 2, TTL: 10 * time.Second, Settle: 20 * time.Millisecond, Rounds: 4},
+		Config:    Config{Duration: time.Second, N: 100, HandoffN: 100, Workers: 2, TTL: 10 * time.Second, Settle: 20 * time.Millisecond, Rounds: 2},
+		LoadStart: []float64{4.51, 3.93, 5.8}, LoadEnd: []float64{1.5, 2, 3},
 		Backends: []BackendResult{b, mem},
 	}
 }
 
 func TestRatios(t *testing.T) {
-	r := sampleReport().Backends[0].Ratios
+	b := sampleReport().Backends[0]
+	r := b.Ratios
 	want := Ratios{UncontendedP50: 1.05, HandoffDlock: 2, HandoffFloor: 1.5, ContendedOps: 5000.0 / 5500}
 	const eps = 1e-9
+	near := func(a, b float64) bool { return a > b-eps && a < b+eps }
 	for _, c := range []struct {
 		name      string
 		got, want float64
@@ -180,13 +190,53 @@ func TestRatios(t *testing.T) {
 		{"handoff floor", r.HandoffFloor, want.HandoffFloor},
 		{"contended", r.ContendedOps, want.ContendedOps},
 	} {
-		if c.got < c.want-eps || c.got > c.want+eps {
+		if !near(c.got, c.want) {
 			t.Errorf("%s ratio = %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if m := sampleReport().Backends[1].Ratios; m != (Ratios{}) {
-		t.Errorf("ratios without measurements = %+v, want zero", m)
+	// Speeds read "higher is faster" for latencies and throughputs alike,
+	// with the ratio of each round.
+	for _, c := range []struct {
+		name      string
+		got       *Speed
+		x, lo, hi float64
+	}{
+		{"uncontended: floor p50 over dlock's", b.VsFloor.Uncontended, 100.0 / 105, 100.0 / 105, 100.0 / 105},
+		{"handoff", b.VsFloor.Handoff, 150.0 / 210, 150.0 / 210, 150.0 / 210},
+		{"contended: dlock ops over the floor's", b.VsFloor.Contended, 5000.0 / 5500, 4000.0 / 5400, 6000.0 / 5600},
+		{"independent", b.VsFloor.Independent, 0.8, 19000.0 / 24000, 21000.0 / 26000},
+	} {
+		if c.got == nil || !near(c.got.X, c.x) || !near(c.got.Min, c.lo) || !near(c.got.Max, c.hi) {
+			t.Errorf("%s: speed %+v, want %v (%v–%v)", c.name, c.got, c.x, c.lo, c.hi)
+		}
 	}
+	// A round in which dlock did nothing is a ratio of 0, not a gap; a
+	// round the other did nothing in leaves no range.
+	a := &Throughput{OpsPerSec: 50, RoundOpsPerSec: []float64{0, 100}}
+	if got := throughputSpeed(a, &Throughput{OpsPerSec: 75, RoundOpsPerSec: []float64{50, 100}}); got == nil || got.Min != 0 || got.Max != 1 {
+		t.Errorf("speed with an idle dlock round = %+v, want 0–1", got)
+	}
+	if got := throughputSpeed(a, &Throughput{OpsPerSec: 75, RoundOpsPerSec: []float64{0, 100}}); got == nil || got.Max != 0 {
+		t.Errorf("speed with an idle floor round = %+v, want no range", got)
+	}
+	if got := speedCell(&Speed{X: 0.5, Min: 0, Max: 1}); got != "0.50× (0.00–1.00)" {
+		t.Errorf("speedCell = %q", got)
+	}
+	if m := sampleReport().Backends[1]; m.Ratios != (Ratios{}) || m.VsFloor != (Speeds{}) {
+		t.Errorf("ratios without measurements = %+v %+v, want zero", m.Ratios, m.VsFloor)
+	}
+}
+
+// textLines checks that no line of out is wider than MaxTextWidth.
+func textLines(t *testing.T, out string) []string {
+	t.Helper()
+	lines := strings.Split(out, "\n")
+	for _, l := range lines {
+		if n := utf8.RuneCountInString(l); n > MaxTextWidth {
+			t.Errorf("line of %d columns, want at most %d:\n%s", n, MaxTextWidth, l)
+		}
+	}
+	return lines
 }
 
 func TestWriteText(t *testing.T) {
@@ -196,32 +246,138 @@ func TestWriteText(t *testing.T) {
 	}
 	out := buf.String()
 	for _, want := range []string{
-		"redis: redis://u:xxxxx@127.0.0.1:6379/0",
-		"105µs", "1.05x", "2.00x", "1.50x", "0.91x", "0.80", "80/100",
-		"fencing=no fifo=no notified=yes",
+		"redis  (fencing=no fifo=no notified=yes)\nredis://u:xxxxx@127.0.0.1:6379/0\n",
+		"load average (1, 5, 15 min) 4.51 3.93 5.80 at start, 1.50 2.00 3.00 at end",
+		"busy machine",
+		"dlock × floor speed (higher=faster)",
+		"105µs (99.8µs–116µs)", "9.00k (8.10k–9.45k)",
+		"0.95× (0.95–0.95)", "0.91× (0.74–1.07)", "0.80× (0.79–0.81)",
+		"0.80 (80/100)",
+		"5.00k (4.00k–6.00k) !",
+		"noisy: 1 figure(s) marked !",
 		"ERROR memory dlock handoff: boom",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("text output lacks %q:\n%s", want, out)
 		}
 	}
-	// The table is aligned: every column starts at the same offset on every
-	// row.
-	lines := strings.Split(out, "\n")
+	if strings.Contains(out, "5.50k (5.40k–5.60k) !") {
+		t.Errorf("a steady figure is marked noisy:\n%s", out)
+	}
+	// Each backend's table is aligned: every column starts at the same
+	// offset on every row.
+	lines := textLines(t, out)
 	var table []string
-	for _, l := range lines {
-		if strings.HasPrefix(l, "backend ") || strings.HasPrefix(l, "redis ") || strings.HasPrefix(l, "memory ") {
-			table = append(table, l)
+	for i, l := range lines {
+		if strings.HasPrefix(l, "redis ") && strings.Contains(l, "floor speed") {
+			table = lines[i : i+9]
 		}
 	}
-	if len(table) != 5 {
-		t.Fatalf("got %d table lines, want 5 (header + 2 backends × 2):\n%s", len(table), out)
+	if table == nil {
+		t.Fatalf("no redis table:\n%s", out)
 	}
-	col := strings.Index(table[0], "unc p50")
-	for _, l := range table[1:] {
-		if r := []rune(l); len(r) <= col || r[col-1] != ' ' || r[col] == ' ' {
-			t.Errorf("row not aligned with the header at rune %d:\n%s\n%s", col, table[0], l)
+	for _, head := range []string{"dlock", "floor", "dlock × floor"} {
+		col := utf8.RuneCountInString(table[0][:strings.Index(table[0], head)])
+		for _, l := range table[1:] {
+			if r := []rune(l); len(r) > col && (r[col-1] != ' ' || r[col] == ' ') {
+				t.Errorf("row not aligned with %q at rune %d:\n%s\n%s", head, col, table[0], l)
+			}
 		}
+	}
+	if f := strings.Fields(table[8]); f[0] != "indep" {
+		t.Errorf("the table's last row is %q, want indep ops/s", table[8])
+	}
+}
+
+// A quiet machine, and steady rounds, get no warning.
+func TestWriteTextQuiet(t *testing.T) {
+	r := sampleReport()
+	r.LoadStart, r.LoadEnd = []float64{0.5, 0.5, 0.5}, nil
+	r.Backends[0].Dlock.Contended.RoundOpsPerSec = []float64{4900, 5100}
+	var buf bytes.Buffer
+	if err := r.WriteText(&buf); err != nil {
+		t.Fatal(err)
+	}
+	for _, no := range []string{"busy machine", "noisy", " !"} {
+		if strings.Contains(buf.String(), no) {
+			t.Errorf("text output contains %q:\n%s", no, buf.String())
+		}
+	}
+	if !strings.Contains(buf.String(), "0.50 0.50 0.50 at start, unknown at end") {
+		t.Errorf("text output lacks the load:\n%s", buf.String())
+	}
+}
+
+func TestNoise(t *testing.T) {
+	for _, c := range []struct {
+		vs   []float64
+		want float64
+	}{
+		{nil, 0}, {[]float64{5}, 0}, {[]float64{380, 573, 455}, (573.0 - 380) / 455},
+		{[]float64{4, 6}, 0.4}, {[]float64{0, 0}, 0}, {[]float64{91e3, 44e3, 157e3}, 113.0 / 91},
+	} {
+		if got := Noise(c.vs); got < c.want-1e-9 || got > c.want+1e-9 {
+			t.Errorf("Noise(%v) = %v, want %v", c.vs, got, c.want)
+		}
+	}
+	// The issue's figures: both flagged.
+	if Noise([]float64{380, 573, 455}) <= NoisyAbove || Noise([]float64{91e3, 44e3, 157e3}) <= NoisyAbove {
+		t.Error("three rounds at 380/573/455µs, or 91k/44k/157k ops/s, are not noisy")
+	}
+}
+
+func TestSplitRounds(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		out := make([]time.Duration, len(v))
+		for i, x := range v {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	// Six turns of two samples in three rounds of two turns each.
+	samples := ms(1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6)
+	marks := []int{2, 4, 6, 8, 10, 12}
+	elapsed := ms(2, 4, 6, 8, 10, 12)
+	got := SplitRounds(samples, marks, elapsed, 3)
+	want := []RoundLatency{
+		{N: 4, P50: ms(1)[0], P99: ms(2)[0], OpsPerSec: 4 / 0.006},
+		{N: 4, P50: ms(3)[0], P99: ms(4)[0], OpsPerSec: 4 / 0.014},
+		{N: 4, P50: ms(5)[0], P99: ms(6)[0], OpsPerSec: 4 / 0.022},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d rounds, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.N != w.N || g.P50 != w.P50 || g.P99 != w.P99 || g.OpsPerSec < w.OpsPerSec-1e-6 || g.OpsPerSec > w.OpsPerSec+1e-6 {
+			t.Errorf("round %d = %+v, want %+v", i, g, w)
+		}
+	}
+	// Fewer turns than rounds: a round per turn; no elapsed: no ops/s.
+	if got := SplitRounds(samples, []int{5, 12}, nil, 4); len(got) != 2 || got[0].N != 5 || got[1].N != 7 || got[0].OpsPerSec != 0 {
+		t.Errorf("two turns in four rounds = %+v, want two rounds of 5 and 7", got)
+	}
+	if got := SplitRounds(nil, nil, nil, 4); got != nil {
+		t.Errorf("no turns = %+v, want nil", got)
+	}
+}
+
+func TestFormatOps(t *testing.T) {
+	for v, want := range map[float64]string{
+		0.5: "0.50", 39.4: "39.4", 812: "812", 999.4: "999", 999.6: "1.00k", 1176: "1.18k", 286537: "287k", 1.02e6: "1.02M",
+	} {
+		if got := FormatOps(v); got != want {
+			t.Errorf("FormatOps(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+func TestParseLoadAverage(t *testing.T) {
+	if got := parseLoadAverage("4.51 3.93 5.80 3/1234 5678\n"); len(got) != 3 || got[0] != 4.51 || got[2] != 5.8 {
+		t.Errorf("parseLoadAverage = %v", got)
+	}
+	if got := parseLoadAverage("x y"); got != nil {
+		t.Errorf("parseLoadAverage(junk) = %v, want nil", got)
 	}
 }
 
@@ -237,8 +393,8 @@ func TestWriteMarkdown(t *testing.T) {
 			rows = append(rows, l)
 		}
 	}
-	if len(rows) != 6 {
-		t.Fatalf("got %d table rows, want 6 (header, separator, 4 rows):\n%s", len(rows), out)
+	if len(rows) != 20 {
+		t.Fatalf("got %d table rows, want 20 (2 backends × header, separator, 8 figures):\n%s", len(rows), out)
 	}
 	want := strings.Count(rows[0], "|")
 	for _, r := range rows {
@@ -246,10 +402,13 @@ func TestWriteMarkdown(t *testing.T) {
 			t.Errorf("row has %d pipes, want %d: %s", got, want, r)
 		}
 	}
-	if !strings.HasPrefix(rows[1], "|---|") {
-		t.Errorf("second row is not a separator: %s", rows[1])
+	if rows[0] != "| redis | dlock | floor | dlock × floor speed (higher=faster) |" || !strings.HasPrefix(rows[1], "|---|") {
+		t.Errorf("header = %s\n%s", rows[0], rows[1])
 	}
-	if !strings.Contains(out, "`redis://u:xxxxx@127.0.0.1:6379/0`") {
+	if rows[2] != "| unc p50 | 105µs (99.8µs–116µs) | 100µs (95.0µs–110µs) | 0.95× (0.95–0.95) |" {
+		t.Errorf("unc p50 row = %s", rows[2])
+	}
+	if !strings.Contains(out, "### redis  (fencing=no fifo=no notified=yes)\n\n`redis://u:xxxxx@127.0.0.1:6379/0`") {
 		t.Errorf("markdown lacks the redacted URL:\n%s", out)
 	}
 }
@@ -281,6 +440,15 @@ func TestWriteJSON(t *testing.T) {
 	}
 	if back.Backends[0].Ratios != sampleReport().Backends[0].Ratios {
 		t.Errorf("ratios did not round-trip: %+v", back.Backends[0].Ratios)
+	}
+	if got, want := back.Backends[0].VsFloor, sampleReport().Backends[0].VsFloor; !reflect.DeepEqual(got, want) {
+		t.Errorf("vs_floor did not round-trip: %+v, want %+v", got, want)
+	}
+	if got, want := back.Backends[0].Dlock.Uncontended.Rounds, sampleReport().Backends[0].Dlock.Uncontended.Rounds; !reflect.DeepEqual(got, want) {
+		t.Errorf("rounds did not round-trip: %+v, want %+v", got, want)
+	}
+	if !reflect.DeepEqual(back.LoadStart, []float64{4.51, 3.93, 5.8}) {
+		t.Errorf("load_start did not round-trip: %v", back.LoadStart)
 	}
 }
 

@@ -36,6 +36,10 @@ type HoldTarget struct {
 	Addrs []string
 	// ServerCPU, when not nil, reads the servers' total CPU time.
 	ServerCPU func() (time.Duration, error)
+	// Advice says what to set for the backend to hold more leases at once
+	// (a URL parameter, a server setting): shown with a result that held
+	// fewer than N because the client ran out of a resource.
+	Advice string
 }
 
 // HoldConfig sizes a hold run.
@@ -75,15 +79,23 @@ type HoldResult struct {
 	TTL     time.Duration // the configured one, or the backend's MinTTL if longer
 	// Acquired is how many of N were acquired within the budget.
 	Acquired int
-	Acquire  time.Duration // to acquire them
+	// Limited is set when an acquisition failed with
+	// dlock.ErrResourceLimit: the Locker cannot hold N leases as
+	// configured, and the acquisitions stopped there. Advice is the
+	// target's, then.
+	Limited bool
+	Advice  string
+	Acquire time.Duration // to acquire them
 	// ProcessCPU and ServerCPU are CPU time per minute of holding (-1 for
 	// the server when it cannot be read).
 	ProcessCPU, ServerCPU time.Duration
-	Conns                 int   // connections to the servers while holding
-	HeapPerLease          int64 // bytes
-	Lost                  int   // leases lost while held
-	Release               time.Duration
-	Errors                []string
+	Conns                 int // connections to the servers while holding
+	// HeapPerLease is the heap growth over N, in bytes; 0 when fewer than
+	// N were held (a figure over a handful of leases says nothing of N).
+	HeapPerLease int64
+	Lost         int // leases lost while held
+	Release      time.Duration
+	Errors       []string
 }
 
 // RunHold measures every target at every N.
@@ -97,9 +109,9 @@ func RunHold(ctx context.Context, cfg HoldConfig, targets []HoldTarget) []HoldRe
 			}
 			r := holdOnce(ctx, cfg, t, n)
 			if cfg.Progress != nil {
-				fmt.Fprintf(cfg.Progress, "%-9s N=%-6d acquired %d in %s, process CPU %s/min, server CPU %s/min, %d conns, %d B/lease, lost %d, released in %s\n",
+				fmt.Fprintf(cfg.Progress, "%-9s N=%-6d acquired %d in %s, process CPU %s/min, server CPU %s/min, %d conns, %s/lease, lost %d, released in %s\n",
 					t.Backend, n, r.Acquired, FormatDuration(r.Acquire), FormatDuration(r.ProcessCPU), cpuText(r.ServerCPU),
-					r.Conns, r.HeapPerLease, r.Lost, FormatDuration(r.Release))
+					r.Conns, heapText(r), r.Lost, FormatDuration(r.Release))
 				for _, e := range r.Errors {
 					fmt.Fprintf(cfg.Progress, "%-9s N=%-6d ERROR %s\n", t.Backend, n, e)
 				}
@@ -155,6 +167,12 @@ func holdOnce(ctx context.Context, cfg HoldConfig, t HoldTarget, n int) HoldResu
 					if first == nil && actx.Err() == nil {
 						first = err
 					}
+					if errors.Is(err, dlock.ErrResourceLimit) {
+						// Out of connections (or the like): the rest
+						// would fail alike until the budget ran out.
+						r.Limited = true
+						cancel()
+					}
 					emu.Unlock()
 					continue
 				}
@@ -176,8 +194,11 @@ func holdOnce(ctx context.Context, cfg HoldConfig, t HoldTarget, n int) HoldResu
 	var after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	if r.Acquired > 0 {
-		r.HeapPerLease = (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(r.Acquired)
+	if r.Acquired == n {
+		r.HeapPerLease = (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(n)
+	}
+	if r.Limited {
+		r.Advice = t.Advice
 	}
 
 	// Hold: CPU of the process and the servers over the window.
@@ -334,8 +355,8 @@ func WriteHold(w io.Writer, format string, cfg HoldConfig, results []HoldResult)
 			out.Results = append(out.Results, map[string]any{
 				"backend": r.Backend, "n": r.N, "ttl": r.TTL.String(), "acquired": r.Acquired,
 				"acquire": r.Acquire.String(), "process_cpu_per_min": r.ProcessCPU.String(),
-				"server_cpu_per_min": server, "conns": r.Conns, "heap_per_lease_bytes": r.HeapPerLease,
-				"lost": r.Lost, "release": r.Release.String(), "errors": r.Errors,
+				"server_cpu_per_min": server, "conns": r.Conns, "heap_per_lease_bytes": heapJSON(r), "resource_limit": r.Limited,
+				"lost": r.Lost, "release": r.Release.String(), "errors": r.Errors, "advice": r.Advice,
 			})
 		}
 		e := json.NewEncoder(w)
@@ -347,7 +368,41 @@ func WriteHold(w io.Writer, format string, cfg HoldConfig, results []HoldResult)
 
 const holdNotes = "CPU per minute of holding (process: this one, user+system; server: the containers' cgroups, '-' for\n" +
 	"servers not started here). conns: this process's TCP connections to the servers while holding. heap/lease: live\n" +
-	"heap growth after the acquisitions over N. lost: leases that ended while held (must be 0)."
+	"heap growth after the acquisitions over N, '-' when fewer than N were held. lost: leases that ended while held\n" +
+	"(must be 0)."
+
+// heapText is a result's heap per lease, "-" when it held fewer than N.
+func heapText(r HoldResult) string {
+	if r.Acquired < r.N {
+		return "-"
+	}
+	return strconv.FormatInt(r.HeapPerLease, 10) + " B"
+}
+
+func heapJSON(r HoldResult) any {
+	if r.Acquired < r.N {
+		return nil
+	}
+	return r.HeapPerLease
+}
+
+// Short says why a result held fewer than N leases and what to set, or ""
+// when it held them all.
+func (r HoldResult) Short() string {
+	if r.Acquired >= r.N {
+		return ""
+	}
+	s := fmt.Sprintf("%s N=%d: held %d of %d leases", r.Backend, r.N, r.Acquired, r.N)
+	switch {
+	case r.Limited && r.Advice != "":
+		s += ": the client ran out of a resource (ERROR below); to hold more,\n" + r.Advice
+	case r.Limited:
+		s += ": the client ran out of a resource (ERROR below)"
+	default:
+		s += " within the budget (-budget)"
+	}
+	return s
+}
 
 func holdHeader(cfg HoldConfig) string {
 	h := fmt.Sprintf("one Locker takes N names with %d goroutines (TTL %v or the backend's minimum, watchdog on,\n%v budget), holds them %v, releases them",
@@ -368,12 +423,15 @@ func writeHoldMarkdown(w io.Writer, cfg HoldConfig, results []HoldResult) error 
 		if r.Conns < 0 {
 			conns = "-"
 		}
-		fmt.Fprintf(w, "| %s | %d | %v | %d | %s | %s | %s | %s | %d B | %d | %s |\n", r.Backend, r.N, r.TTL, r.Acquired,
-			FormatDuration(r.Acquire), FormatDuration(r.ProcessCPU), cpuText(r.ServerCPU), conns, r.HeapPerLease, r.Lost,
+		fmt.Fprintf(w, "| %s | %d | %v | %d | %s | %s | %s | %s | %s | %d | %s |\n", r.Backend, r.N, r.TTL, r.Acquired,
+			FormatDuration(r.Acquire), FormatDuration(r.ProcessCPU), cpuText(r.ServerCPU), conns, heapText(r), r.Lost,
 			FormatDuration(r.Release))
 	}
 	_, err := fmt.Fprintf(w, "\n%s\n", strings.ReplaceAll(holdNotes, "\n", " "))
 	for _, r := range results {
+		if s := r.Short(); s != "" {
+			fmt.Fprintf(w, "\nSHORT %s\n", s)
+		}
 		for _, e := range r.Errors {
 			fmt.Fprintf(w, "\nERROR %s N=%d %s\n", r.Backend, r.N, e)
 		}
@@ -392,8 +450,8 @@ func WriteHoldText(w io.Writer, cfg HoldConfig, results []HoldResult) error {
 		if r.Conns < 0 {
 			conns = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%v\t%d\t%s\t%s\t%s\t%s\t%d B\t%d\t%s\n", r.Backend, r.N, r.TTL, r.Acquired,
-			FormatDuration(r.Acquire), FormatDuration(r.ProcessCPU), cpuText(r.ServerCPU), conns, r.HeapPerLease, r.Lost,
+		fmt.Fprintf(tw, "%s\t%d\t%v\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Backend, r.N, r.TTL, r.Acquired,
+			FormatDuration(r.Acquire), FormatDuration(r.ProcessCPU), cpuText(r.ServerCPU), conns, heapText(r), r.Lost,
 			FormatDuration(r.Release))
 	}
 	if err := tw.Flush(); err != nil {
@@ -401,6 +459,9 @@ func WriteHoldText(w io.Writer, cfg HoldConfig, results []HoldResult) error {
 	}
 	fmt.Fprintf(w, "\n%s\n", holdNotes)
 	for _, r := range results {
+		if s := r.Short(); s != "" {
+			fmt.Fprintf(w, "SHORT %s\n", s)
+		}
 		for _, e := range r.Errors {
 			fmt.Fprintf(w, "ERROR %s N=%d %s\n", r.Backend, r.N, e)
 		}

@@ -5,8 +5,36 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 )
+
+// loadAverage is the machine's load average over 1, 5 and 15 minutes from
+// /proc/loadavg, nil where there is none.
+func loadAverage() []float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return nil
+	}
+	return parseLoadAverage(string(b))
+}
+
+// parseLoadAverage reads the first three fields of /proc/loadavg.
+func parseLoadAverage(s string) []float64 {
+	f := strings.Fields(s)
+	if len(f) < 3 {
+		return nil
+	}
+	out := make([]float64, 3)
+	for i := range out {
+		v, err := strconv.ParseFloat(f[i], 64)
+		if err != nil {
+			return nil
+		}
+		out[i] = v
+	}
+	return out
+}
 
 // cpuModel is the CPU's model name from /proc/cpuinfo, "" where there is
 // none.

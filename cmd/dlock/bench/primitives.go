@@ -285,7 +285,8 @@ func WritePrimitivesText(w io.Writer, cfg PrimConfig, results []PrimResult) erro
 	fmt.Fprintln(w, "\npermit: Semaphore.Acquire + Release, nobody else waiting; permits/s: that with the workers\n"+
 		"(each its own Locker) sharing one semaphore. read: RWLock.RLock + Release. failover: from a leader's\n"+
 		"grant (it never refreshes: its process stopped) to the waiting candidate's Elect returning; compare with\n"+
-		"the leader's TTL. '-': the backend does not offer the primitive.")
+		"the leader's TTL. '-': not measured: the backend does not offer the primitive (\"no ...\" below) or\n"+
+		"the measurement failed (ERROR below).")
 	for _, r := range results {
 		for _, u := range r.Unsupported {
 			fmt.Fprintf(w, "%s: no %s\n", r.Backend, u)

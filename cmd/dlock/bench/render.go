@@ -59,26 +59,21 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
-// WriteText writes the settings line, the aligned table and the notes.
+// WriteText writes the settings, a table per backend and the notes, in
+// at most MaxTextWidth columns.
 func (r *Report) WriteText(w io.Writer) error {
 	ew := &errWriter{w: w}
 	fmt.Fprintln(ew, r.settings())
-	for _, b := range r.Backends {
-		fmt.Fprintf(ew, "  %s: %s\n", b.Backend, b.URL)
-	}
+	fmt.Fprintln(ew, r.machineLoad())
 	fmt.Fprintln(ew)
-	var table bytes.Buffer
-	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
-	for _, row := range r.rows() {
-		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	for _, b := range r.blocks() {
+		fmt.Fprintln(ew, b.Title)
+		fmt.Fprintln(ew, b.URL)
+		if err := writeAligned(ew, b.Rows); err != nil {
+			return err
+		}
+		fmt.Fprintln(ew)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	for line := range strings.Lines(table.String()) {
-		fmt.Fprintln(ew, strings.TrimRight(line, " \n"))
-	}
-	fmt.Fprintln(ew)
 	if tables := r.peerTables(); len(tables) > 0 {
 		fmt.Fprintln(ew, peersTitle)
 		fmt.Fprintln(ew)
@@ -94,6 +89,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	return ew.err
 }
+
+// MaxTextWidth is the most columns a line of the text report takes.
+const MaxTextWidth = 120
 
 // writeAligned writes rows as a table aligned in columns, trailing spaces
 // trimmed.
@@ -117,13 +115,12 @@ func writeAligned(w io.Writer, rows [][]string) error {
 // WriteMarkdown writes the same as WriteText as a Markdown section.
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	ew := &errWriter{w: w}
-	fmt.Fprintf(ew, "## dlock bench\n\n%s\n\n", r.settings())
-	for _, b := range r.Backends {
-		fmt.Fprintf(ew, "- %s: `%s`\n", b.Backend, b.URL)
+	fmt.Fprintf(ew, "## dlock bench\n\n%s\n\n%s\n\n", strings.ReplaceAll(r.settings(), "\n", " "), r.machineLoad())
+	for _, b := range r.blocks() {
+		fmt.Fprintf(ew, "### %s\n\n`%s`\n\n", b.Title, b.URL)
+		writeMarkdownTable(ew, b.Rows)
+		fmt.Fprintln(ew)
 	}
-	fmt.Fprintln(ew)
-	writeMarkdownTable(ew, r.rows())
-	fmt.Fprintln(ew)
 	if tables := r.peerTables(); len(tables) > 0 {
 		fmt.Fprintf(ew, "### %s\n\n", peersTitle)
 		for _, t := range tables {
@@ -152,11 +149,44 @@ func writeMarkdownTable(w io.Writer, rows [][]string) {
 	}
 }
 
+// settings are two lines: the run's sizes, and Go.
 func (r *Report) settings() string {
 	c := r.Config
-	return fmt.Sprintf("dlock bench %s: uncontended n=%d, handoff n=%d (settle %v), %d workers for %v per throughput scenario, ttl %v, %d rounds; %s, GOMAXPROCS=%d",
+	return fmt.Sprintf("dlock bench %s: uncontended n=%d, handoff n=%d (settle %v), %d workers for %v per throughput\n"+
+		"scenario, ttl %v, %d rounds; %s, GOMAXPROCS=%d",
 		r.Started.Format(time.RFC3339), c.N, c.HandoffN, c.Settle, c.Workers, c.Duration, c.TTL, c.Rounds, r.GoVersion, r.GOMAXPROCS)
 }
+
+// machineLoad says the machine's size and load at the start and end of the
+// run, and warns when it was busy.
+func (r *Report) machineLoad() string {
+	load := func(l []float64) string {
+		if len(l) < 3 {
+			return "unknown"
+		}
+		return fmt.Sprintf("%.2f %.2f %.2f", l[0], l[1], l[2])
+	}
+	s := fmt.Sprintf("machine: %d CPUs; load average (1, 5, 15 min) %s at start, %s at end", r.NumCPU, load(r.LoadStart), load(r.LoadEnd))
+	if r.busy() {
+		s += fmt.Sprintf("\nbusy machine: a load average above its %d CPUs makes the figures noisy; compare them only with\n"+
+			"the same run's, or rerun on a quiet machine", r.NumCPU)
+	}
+	return s
+}
+
+// busy reports whether the 1-minute load average at the start or end of
+// the run was above the number of CPUs.
+func (r *Report) busy() bool {
+	for _, l := range [][]float64{r.LoadStart, r.LoadEnd} {
+		if len(l) > 0 && r.NumCPU > 0 && l[0] > float64(r.NumCPU) {
+			return true
+		}
+	}
+	return false
+}
+
+// noisyMark follows a figure whose rounds disagree by more than NoisyAbove.
+const noisyMark = " !"
 
 func (r *Report) notes() []string {
 	notes := []string{
@@ -164,14 +194,21 @@ func (r *Report) notes() []string {
 			"(given the settle time to reach its wait) returns at t1. cont: all workers on one name, each with its\n" +
 			"own client; fairness = min/max of the per-worker counts. indep: one name per worker.\n" +
 			"floor: the backend's minimal raw client calls, no library (waiting = spinning attempts), measured in\n" +
-			"turns with dlock (rounds). " +
-			"×floor: dlock over floor. handoff/unc: the row's handoff p50 over its own unc p50.",
+			"turns with dlock (rounds). Each figure is followed by its lowest and highest over the rounds (lo–hi).\n" +
+			"× floor speed: how many times as fast as the floor dlock is (higher is faster, 1.00× = as fast, 0.50× =\n" +
+			"half as fast): the floor's p50 over dlock's for a latency, dlock's ops/s over the floor's for a\n" +
+			"throughput; its range is the same ratio round by round.",
+	}
+	if n := r.noisy(); n > 0 {
+		notes = append(notes, fmt.Sprintf("noisy: %d figure(s) marked%s: their rounds disagree by more than %.0f%% (highest − lowest over\n"+
+			"the median); rerun on a quiet machine before comparing them (p99s are not marked: tails vary by nature).",
+			n, noisyMark, NoisyAbove*100))
 	}
 	if r.hasPeers() {
 		n := "peers: other libraries' locks on the same servers, each worker its own client, measured in turns\n" +
-			"with dlock and the floor, waiting (handoff, cont) with the library's own wait. dlock/best peer: dlock's\n" +
-			"figure over the best peer's (the lowest p50, the highest ops/s), that peer named: below 1 dlock is\n" +
-			"faster for a p50, above 1 for ops/s."
+			"with dlock and the floor, waiting (handoff, cont) with the library's own wait. × best peer speed: how\n" +
+			"many times as fast as the fastest peer (the lowest p50, the highest ops/s, named) dlock is; higher is\n" +
+			"faster."
 		for _, b := range r.Backends {
 			for _, p := range b.Peers {
 				n += fmt.Sprintf("\n%s %s", b.Backend, p.Client)
@@ -195,6 +232,66 @@ func (r *Report) notes() []string {
 	return notes
 }
 
+// noisy counts the figures marked noisy in the report.
+func (r *Report) noisy() int {
+	n := 0
+	for _, b := range r.Backends {
+		for _, res := range b.results() {
+			for _, v := range [][]float64{
+				roundP50s(res.Uncontended), roundLatOps(res.Uncontended), roundP50s(res.Handoff),
+				roundThr(res.Contended), roundThr(res.Independent),
+			} {
+				if Noise(v) > NoisyAbove {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+func roundP50s(l *Latency) []float64 {
+	if l == nil {
+		return nil
+	}
+	out := make([]float64, len(l.Rounds))
+	for i, r := range l.Rounds {
+		out[i] = float64(r.P50)
+	}
+	return out
+}
+
+func roundP99s(l *Latency) []float64 {
+	if l == nil {
+		return nil
+	}
+	out := make([]float64, len(l.Rounds))
+	for i, r := range l.Rounds {
+		out[i] = float64(r.P99)
+	}
+	return out
+}
+
+func roundLatOps(l *Latency) []float64 {
+	if l == nil {
+		return nil
+	}
+	var out []float64
+	for _, r := range l.Rounds {
+		if r.OpsPerSec > 0 {
+			out = append(out, r.OpsPerSec)
+		}
+	}
+	return out
+}
+
+func roundThr(t *Throughput) []float64 {
+	if t == nil {
+		return nil
+	}
+	return t.RoundOpsPerSec
+}
+
 func (r *Report) hasPeers() bool {
 	for _, b := range r.Backends {
 		if len(b.Peers) > 0 {
@@ -204,11 +301,124 @@ func (r *Report) hasPeers() bool {
 	return false
 }
 
+// figure formats a value with the range of its rounds, "455µs (380µs–573µs)",
+// marked noisy when flag is set and the rounds disagree too much; "ERR"
+// when the scenario failed (nil rounds and ok false).
+func figure(ok bool, v float64, rounds []float64, format func(float64) string, flag bool) string {
+	if !ok {
+		return "ERR"
+	}
+	s := format(v)
+	if len(rounds) > 1 {
+		lo, hi := span(rounds)
+		s += " (" + format(lo) + "–" + format(hi) + ")"
+	}
+	if flag && Noise(rounds) > NoisyAbove {
+		s += noisyMark
+	}
+	return s
+}
+
+func durF(v float64) string { return FormatDuration(time.Duration(v)) }
+
+// latCell is a latency's p50 (or p99) with its range over the rounds.
+func latCell(l *Latency, p99 bool) string {
+	if l == nil {
+		return figure(false, 0, nil, durF, false)
+	}
+	if p99 {
+		return figure(true, float64(l.P99), roundP99s(l), durF, false)
+	}
+	return figure(true, float64(l.P50), roundP50s(l), durF, true)
+}
+
+// latOpsCell is a latency scenario's ops/s with its range over the rounds.
+func latOpsCell(l *Latency) string {
+	if l == nil {
+		return "ERR"
+	}
+	return figure(true, l.OpsPerSec, roundLatOps(l), FormatOps, true)
+}
+
+// thrCell is a throughput's ops/s with its range over the rounds.
+func thrCell(t *Throughput) string {
+	if t == nil {
+		return "ERR"
+	}
+	return figure(true, t.OpsPerSec, t.RoundOpsPerSec, FormatOps, true)
+}
+
+func fairCell(t *Throughput) string {
+	if t == nil {
+		return "ERR"
+	}
+	return fmt.Sprintf("%.2f (%d/%d)", t.Fairness, t.Min, t.Max)
+}
+
+// speedCell is a Speed with its range over the rounds: "0.66× (0.60–0.72)";
+// "-" when there is none.
+func speedCell(s *Speed) string {
+	if s == nil || s.X <= 0 {
+		return "-"
+	}
+	out := formatSpeed(s.X)
+	if s.Max > 0 {
+		out += " (" + strconv.FormatFloat(s.Min, 'f', 2, 64) + "–" + strconv.FormatFloat(s.Max, 'f', 2, 64) + ")"
+	}
+	return out
+}
+
+func formatSpeed(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) + "×" }
+
+// floorHeader and peerHeader head the ratio columns: both read "higher is
+// faster".
+const (
+	floorHeader = "dlock × floor speed (higher=faster)"
+	peerHeader  = "dlock × best peer speed (higher=faster)"
+)
+
+// block is one backend's table, header first: a row per figure, a column
+// per client (dlock, the floor), and dlock's speed against the floor.
+type block struct {
+	Backend string
+	Title   string // the backend and its capabilities
+	URL     string // on a line of its own: a redlock URL names five servers
+	Rows    [][]string
+}
+
+// blocks are the backends' tables.
+func (r *Report) blocks() []block {
+	var out []block
+	for _, b := range r.Backends {
+		d, f := b.Dlock, b.Floor
+		rows := [][]string{{b.Backend, "dlock", "floor", floorHeader}}
+		add := func(name string, cell func(Result) string, s *Speed) {
+			rows = append(rows, []string{name, cell(d), cell(f), speedCell(s)})
+		}
+		unc := func(r Result) *Latency { return r.Uncontended }
+		hand := func(r Result) *Latency { return r.Handoff }
+		add("unc p50", func(r Result) string { return latCell(unc(r), false) }, b.VsFloor.Uncontended)
+		add("unc p99", func(r Result) string { return latCell(unc(r), true) }, nil)
+		add("unc ops/s", func(r Result) string { return latOpsCell(unc(r)) }, nil)
+		add("handoff p50", func(r Result) string { return latCell(hand(r), false) }, b.VsFloor.Handoff)
+		add("handoff p99", func(r Result) string { return latCell(hand(r), true) }, nil)
+		add("cont ops/s", func(r Result) string { return thrCell(r.Contended) }, b.VsFloor.Contended)
+		add("cont fairness", func(r Result) string { return fairCell(r.Contended) }, nil)
+		add("indep ops/s", func(r Result) string { return thrCell(r.Independent) }, b.VsFloor.Independent)
+		title := b.Backend
+		if b.Capabilities != (Capabilities{}) || d.Uncontended != nil {
+			title += "  (" + b.Capabilities.String() + ")"
+		}
+		out = append(out, block{Backend: b.Backend, Title: title, URL: b.URL, Rows: rows})
+	}
+	return out
+}
+
 // peersTitle heads the side-by-side tables.
 const peersTitle = "dlock beside other libraries"
 
 // peerTable is one backend's side-by-side table, header first: a row per
-// figure, a column per client, and dlock over the best peer.
+// figure, a column per client, and dlock's speed against the best peer.
 type peerTable struct {
 	Backend string
 	Rows    [][]string
@@ -221,13 +431,12 @@ func (r *Report) peerTables() []peerTable {
 		if len(b.Peers) == 0 {
 			continue
 		}
-		res := b.results()
+		res := append([]Result{b.Dlock}, b.Peers...)
 		head := []string{b.Backend}
 		for _, c := range res {
 			head = append(head, c.Client)
 		}
-		head = append(head, "dlock/best peer")
-		rows := [][]string{head}
+		rows := [][]string{append(head, peerHeader)}
 		vs := b.VsPeers
 		if vs == nil {
 			vs = &PeerRatios{}
@@ -237,106 +446,22 @@ func (r *Report) peerTables() []peerTable {
 			for _, c := range res {
 				row = append(row, cell(c))
 			}
-			ratio := ""
+			vs := ""
 			if best != nil {
-				ratio = formatRatio(best.Ratio) + " (" + best.Peer + ")"
+				vs = speedCell(best.Speed) + " " + best.Peer
 			}
-			rows = append(rows, append(row, ratio))
+			rows = append(rows, append(row, vs))
 		}
-		lat := func(l func(Result) *Latency, p float64) func(Result) string {
-			return func(r Result) string {
-				v := l(r)
-				switch {
-				case v == nil:
-					return "ERR"
-				case p == 50:
-					return FormatDuration(v.P50)
-				}
-				return FormatDuration(v.P99)
-			}
-		}
-		unc := func(r Result) *Latency { return r.Uncontended }
-		hand := func(r Result) *Latency { return r.Handoff }
-		thr := func(t func(Result) *Throughput, fairness bool) func(Result) string {
-			return func(r Result) string {
-				v := t(r)
-				switch {
-				case v == nil:
-					return "ERR"
-				case fairness:
-					return fmt.Sprintf("%.2f", v.Fairness)
-				}
-				return formatOps(v.OpsPerSec)
-			}
-		}
-		cont := func(r Result) *Throughput { return r.Contended }
-		indep := func(r Result) *Throughput { return r.Independent }
-		add("unc p50", lat(unc, 50), vs.Uncontended)
-		add("unc p99", lat(unc, 99), nil)
-		add("handoff p50", lat(hand, 50), vs.Handoff)
-		add("handoff p99", lat(hand, 99), nil)
-		add("cont ops/s", thr(cont, false), vs.Contended)
-		add("cont fairness", thr(cont, true), nil)
-		add("indep ops/s", thr(indep, false), vs.Independent)
+		add("unc p50", func(r Result) string { return latCell(r.Uncontended, false) }, vs.Uncontended)
+		add("unc p99", func(r Result) string { return latCell(r.Uncontended, true) }, nil)
+		add("handoff p50", func(r Result) string { return latCell(r.Handoff, false) }, vs.Handoff)
+		add("handoff p99", func(r Result) string { return latCell(r.Handoff, true) }, nil)
+		add("cont ops/s", func(r Result) string { return thrCell(r.Contended) }, vs.Contended)
+		add("cont fairness", func(r Result) string { return fairCell(r.Contended) }, nil)
+		add("indep ops/s", func(r Result) string { return thrCell(r.Independent) }, vs.Independent)
 		tables = append(tables, peerTable{Backend: b.Backend, Rows: rows})
 	}
 	return tables
-}
-
-var header = []string{
-	"backend", "client",
-	"unc p50", "unc p99", "unc ops/s",
-	"handoff p50", "handoff p99",
-	"cont ops/s", "fairness", "min/max",
-	"indep ops/s",
-	"unc p50 ×floor", "handoff/unc", "cont ops ×floor",
-	"caps",
-}
-
-// rows is the table, header first: two rows per backend (dlock and the
-// floor), and one per peer.
-func (r *Report) rows() [][]string {
-	rows := [][]string{header}
-	for _, b := range r.Backends {
-		for _, res := range b.results() {
-			row := []string{b.Backend, res.Client}
-			if l := res.Uncontended; l != nil {
-				row = append(row, FormatDuration(l.P50), FormatDuration(l.P99), formatOps(l.OpsPerSec))
-			} else {
-				row = append(row, "ERR", "ERR", "ERR")
-			}
-			if l := res.Handoff; l != nil {
-				row = append(row, FormatDuration(l.P50), FormatDuration(l.P99))
-			} else {
-				row = append(row, "ERR", "ERR")
-			}
-			if t := res.Contended; t != nil {
-				row = append(row, formatOps(t.OpsPerSec), fmt.Sprintf("%.2f", t.Fairness), fmt.Sprintf("%d/%d", t.Min, t.Max))
-			} else {
-				row = append(row, "ERR", "ERR", "ERR")
-			}
-			if t := res.Independent; t != nil {
-				row = append(row, formatOps(t.OpsPerSec))
-			} else {
-				row = append(row, "ERR")
-			}
-			switch res.Client {
-			case "dlock":
-				row = append(row, formatRatio(b.Ratios.UncontendedP50), formatRatio(b.Ratios.HandoffDlock),
-					formatRatio(b.Ratios.ContendedOps), b.Capabilities.String())
-			case "floor":
-				row = append(row, "", formatRatio(b.Ratios.HandoffFloor), "", "")
-			default: // a peer
-				var own float64
-				if res.Handoff != nil && res.Uncontended != nil {
-					own = ratio(float64(res.Handoff.P50), float64(res.Uncontended.P50))
-				}
-				row = append(row, "", formatRatio(own), "", "")
-			}
-			rows = append(rows, row)
-		}
-	}
-	return rows
 }
 
 // String lists the capabilities the bench reports, as
@@ -377,6 +502,22 @@ func sig3(v float64) string {
 }
 
 func formatOps(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }
+
+// FormatOps renders a rate with three significant digits: 39.4, 812,
+// 1.18k, 287k, 1.02M.
+func FormatOps(v float64) string {
+	switch {
+	case v < 0:
+		return "-" + FormatOps(-v)
+	case v < 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	case v < 999.5:
+		return sig3(v)
+	case v < 999.5e3:
+		return sig3(v/1e3) + "k"
+	}
+	return sig3(v/1e6) + "M"
+}
 
 func formatRatio(v float64) string {
 	if v <= 0 {

@@ -40,6 +40,8 @@ type lane struct {
 	summary  string // for the progress line
 
 	samples  []time.Duration // latency scenarios
+	marks    []int           // latency scenarios: len(samples) at the end of each turn
+	turnTime []time.Duration // uncontended: the time each turn spent measuring
 	elapsed  time.Duration   // time spent measuring, over all rounds
 	counts   []int64         // throughput scenarios: per worker, over all rounds
 	rounds   []float64       // throughput scenarios: ops/s of each round

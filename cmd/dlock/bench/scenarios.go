@@ -29,6 +29,11 @@ func (r *runner) uncontended(ctx context.Context, lanes []*lane) {
 			}
 		}
 		start := time.Now()
+		defer func() {
+			d := time.Since(start)
+			l.elapsed += d
+			l.marks, l.turnTime = append(l.marks, len(l.samples)), append(l.turnTime, d)
+		}()
 		for range n {
 			t := time.Now()
 			h, ok, err := s.tryAcquire(ctx, name)
@@ -43,12 +48,12 @@ func (r *runner) uncontended(ctx context.Context, lanes []*lane) {
 			}
 			l.samples = append(l.samples, time.Since(t))
 		}
-		l.elapsed += time.Since(start)
 		return nil
 	})
 	for _, l := range lanes {
 		if complete(ctx, l) {
 			lat := Summarize(l.samples, l.elapsed)
+			lat.Rounds = SplitRounds(l.samples, l.marks, l.turnTime, r.cfg.Rounds)
 			l.res.Uncontended = &lat
 			l.summary = fmt.Sprintf("n=%d p50=%s p99=%s %s ops/s", lat.N, FormatDuration(lat.P50), FormatDuration(lat.P99), formatOps(lat.OpsPerSec))
 		}
@@ -62,6 +67,7 @@ func (r *runner) handoff(ctx context.Context, lanes []*lane) {
 	rounds := r.turns(r.cfg.HandoffN, 5)
 	alternate(ctx, rounds, lanes, func(l *lane, round int) error {
 		name := r.lockName("handoff", l.c.name)
+		defer func() { l.marks = append(l.marks, len(l.samples)) }()
 		for range share(r.cfg.HandoffN, rounds, round) {
 			d, err := r.handoffOnce(ctx, l.sessions[0], l.sessions[1], name)
 			if err != nil {
@@ -74,6 +80,7 @@ func (r *runner) handoff(ctx context.Context, lanes []*lane) {
 	for _, l := range lanes {
 		if complete(ctx, l) {
 			lat := Summarize(l.samples, 0)
+			lat.Rounds = SplitRounds(l.samples, l.marks, nil, r.cfg.Rounds)
 			l.res.Handoff = &lat
 			l.summary = fmt.Sprintf("n=%d p50=%s p99=%s", lat.N, FormatDuration(lat.P50), FormatDuration(lat.P99))
 		}

@@ -83,3 +83,73 @@ func ratio(a, b float64) float64 {
 	}
 	return a / b
 }
+
+// span returns the lowest and highest of vs, or 0, 0 for none.
+func span(vs []float64) (lo, hi float64) {
+	for i, v := range vs {
+		if i == 0 || v < lo {
+			lo = v
+		}
+		if i == 0 || v > hi {
+			hi = v
+		}
+	}
+	return lo, hi
+}
+
+// NoisyAbove is the spread over the rounds, (max − min) / median, above
+// which a figure is flagged as noisy: its rounds disagree too much for the
+// figure to be compared with another.
+const NoisyAbove = 0.3
+
+// Noise is the spread of vs: (max − min) over the median, 0 for fewer than
+// two values or a median that is not positive.
+func Noise(vs []float64) float64 {
+	if len(vs) < 2 {
+		return 0
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	if med <= 0 {
+		return 0
+	}
+	return (s[len(s)-1] - s[0]) / med
+}
+
+// SplitRounds cuts the samples of a latency scenario into rounds: marks[i]
+// is the number of samples taken by the end of turn i, and elapsed[i] (when
+// as long as marks) the time turn i spent measuring. The turns are shared
+// out over the rounds in order, as evenly as they go; fewer turns than
+// rounds give one round per turn.
+func SplitRounds(samples []time.Duration, marks []int, elapsed []time.Duration, rounds int) []RoundLatency {
+	turns := len(marks)
+	if turns == 0 || rounds <= 0 {
+		return nil
+	}
+	rounds = min(rounds, turns)
+	out := make([]RoundLatency, rounds)
+	from := 0
+	for g := range rounds {
+		last := (g+1)*turns/rounds - 1 // the last turn of round g
+		first := g * turns / rounds
+		to := min(marks[last], len(samples))
+		part := slices.Clone(samples[from:to])
+		slices.Sort(part)
+		out[g] = RoundLatency{N: len(part), P50: Percentile(part, 50), P99: Percentile(part, 99)}
+		if len(elapsed) == turns {
+			var d time.Duration
+			for _, e := range elapsed[first : last+1] {
+				d += e
+			}
+			if d > 0 {
+				out[g].OpsPerSec = float64(len(part)) / d.Seconds()
+			}
+		}
+		from = to
+	}
+	return out
+}
