@@ -67,12 +67,31 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 }
 
 // acquire makes one attempt: on a shared session (shared.go), or on a
-// connection of its own (acquireConn).
+// connection of its own (acquireConn). By default (d.own set) a lock that
+// may share a session takes a connection of its own while one of d.own's
+// places is free, and shares a session past them.
 func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string, wait bool) (*dlockdriver.Grant, error) {
-	if d.shared != nil && req.Kind == dlockdriver.KindLock && (req.Metadata == "" || d.meta == nil) {
+	if d.shared == nil || req.Kind != dlockdriver.KindLock || (req.Metadata != "" && d.meta != nil) {
+		return d.acquireConn(ctx, req, ms, wait)
+	}
+	if d.own == nil { // Options.SharedSessions
 		return d.shared.acquire(ctx, req, ms, wait)
 	}
-	return d.acquireConn(ctx, req, ms, wait)
+	if req.TTL < SharedMinTTL {
+		return d.acquireConn(ctx, req, ms, wait)
+	}
+	select {
+	case d.own <- struct{}{}:
+	default:
+		return d.shared.acquire(ctx, req, ms, wait)
+	}
+	g, err := d.acquireConn(ctx, req, ms, wait)
+	if g == nil {
+		<-d.own
+		return g, err
+	}
+	g.Handle.(*lease).place.Store(&d.own)
+	return g, err
 }
 
 // acquireConn makes one attempt on a connection from the pool: one
@@ -231,12 +250,15 @@ func (d *driver) conn(ctx context.Context) (*pgxpool.Conn, error) {
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
 		if errors.Is(context.Cause(actx), errPoolFull) {
-			holders := "each lease and each wait holds one"
+			holders, more := "each lease and each wait holds one", ", or let locks share sessions (remove shared_sessions=false, or set shared_sessions=true)"
 			if d.shared != nil {
-				holders = "each shared session, each wait, and each permit, read/write lock or lease with metadata holds one"
+				holders, more = "each shared session, each wait, and each permit, read/write lock or lease with metadata holds one", ""
+				if d.own != nil {
+					holders = "locks take one each up to half of them, then share a few; " + holders
+				}
 			}
-			return nil, fmt.Errorf("%w: postgres: all %d connections of the pool are in use (%s): raise pool_max_conns, within the server's max_connections",
-				dlock.ErrResourceLimit, d.pool.Config().MaxConns, holders)
+			return nil, fmt.Errorf("%w: postgres: all %d connections of the pool are in use (%s): raise pool_max_conns, within the server's max_connections%s",
+				dlock.ErrResourceLimit, d.pool.Config().MaxConns, holders, more)
 		}
 		return nil, fmt.Errorf("postgres: getting a connection: %w", err)
 	}

@@ -32,6 +32,7 @@ func TestParseURL(t *testing.T) {
 		{"postgres://h/db?fencing=true", postgres.Options{}, postgres.DefaultMaxConns},
 		{"postgres://h/db?shared_sessions=true&shared_conns=2&wait_conns=8",
 			postgres.Options{SharedSessions: true, SharedConns: 2, WaitConns: 8}, postgres.DefaultMaxConns},
+		{"postgres://h/db?shared_sessions=false", postgres.Options{NoSharedSessions: true}, postgres.DefaultMaxConns},
 	} {
 		u, _ := url.Parse(tc.url)
 		cfg, opts, err := postgres.ParseURL(u)
@@ -159,6 +160,27 @@ func TestOpenFails(t *testing.T) {
 			t.Errorf("%s: the error shows the password: %v", tc.what, err)
 		}
 		t.Logf("%s: %v", tc.what, err)
+	}
+}
+
+// SharedSessions and NoSharedSessions contradict each other: New and
+// NewFromConfig refuse them together.
+func TestSharedAndNoSharedInvalid(t *testing.T) {
+	opts := &postgres.Options{SharedSessions: true, NoSharedSessions: true}
+	cfg, err := pgxpool.ParseConfig("postgres://u@127.0.0.1:1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := postgres.NewFromConfig(t.Context(), cfg, opts); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("NewFromConfig: got %v, want ErrInvalid", err)
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg) // connects lazily
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := postgres.New(pool, opts); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("New: got %v, want ErrInvalid", err)
 	}
 }
 
