@@ -30,6 +30,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	}
 	for i := 0; ; i++ {
 		g, err := d.acquire(ctx, req, ms, false)
+		err = lockTableFull(err)
 		if err == nil || i == deadConnRetries || ctx.Err() != nil || !isConnError(err) {
 			return g, err
 		}
@@ -48,6 +49,7 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 	var timer *time.Timer
 	for {
 		g, err := d.acquire(ctx, req, ms, true)
+		err = lockTableFull(err)
 		if err == nil || ctx.Err() != nil || !retryable(err) {
 			return g, err
 		}
@@ -358,12 +360,30 @@ func isConnError(err error) bool {
 	return errors.As(err, &ce)
 }
 
+// lockTableFull turns the server's "out of shared memory" (SQLSTATE 53200:
+// its lock table, of max_locks_per_transaction × (max_connections +
+// max_prepared_transactions) entries for every session's locks, is full),
+// which thousands of leases on shared sessions can meet, into
+// dlock.ErrResourceLimit: the acquisition fails at once, not retried, as
+// when the pool is full.
+func lockTableFull(err error) error {
+	var pe *pgconn.PgError
+	if err == nil || !errors.As(err, &pe) || pe.Code != "53200" || errors.Is(err, dlock.ErrResourceLimit) {
+		return err
+	}
+	return fmt.Errorf("%w: postgres: the server's lock table is full (max_locks_per_transaction × (max_connections + max_prepared_transactions) locks, shared by every session): raise max_locks_per_transaction on the server, or hold fewer leases: %w",
+		dlock.ErrResourceLimit, err)
+}
+
 // retryable reports an error after which a wait starts again: a connection
 // that ended or could not be made (a server restarting), a server starting up
 // or shutting down, too many connections, a statement cancelled by someone
 // else or by statement_timeout. Authentication and configuration errors are
 // not.
 func retryable(err error) bool {
+	if errors.Is(err, dlock.ErrResourceLimit) {
+		return false
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code[:min(2, len(pe.Code))] {

@@ -3,9 +3,11 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -192,4 +194,64 @@ func TestDefaultURLHoldsManyLeases(t *testing.T) {
 	}
 	t.Logf("%d leases on %d backends (pool of 32): acquired in %v, all refreshed within %v, released in %v",
 		n, pids, acquired.Round(time.Millisecond), refreshed.Round(time.Millisecond), released.Round(time.Millisecond))
+}
+
+// A server's lock table bounds the leases of every session together
+// (max_locks_per_transaction × (max_connections +
+// max_prepared_transactions) entries and the server's slack, some 1,900
+// here; some 12,700 on a server with the defaults): past it, TryAcquire and
+// Acquire fail at once with ErrResourceLimit naming
+// max_locks_per_transaction, rather than Acquire retrying the server's "out
+// of shared memory" until its ctx ends.
+func TestLockTableFullFailsFast(t *testing.T) {
+	srv := dlocktest.RequireNewWith(t, dlocktest.Postgres, &dlocktest.StartOptions{
+		Cmd: []string{"-c", "max_locks_per_transaction=10", "-c", "max_connections=50"},
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	l, err := dlock.Open(ctx, dsn(srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAtCleanup(t, l)
+	var leases []*dlock.Lease
+	defer func() {
+		for _, ls := range leases {
+			_ = ls.Release(context.Background())
+		}
+	}()
+	prefix := "locktable-" + rand.Text()[:8] + "-"
+	for i := 0; ; i++ {
+		if i == 20000 {
+			t.Fatalf("%d leases granted, and the lock table not full", i)
+		}
+		ls, err := l.TryAcquire(ctx, fmt.Sprintf("%s%d", prefix, i), nil)
+		if err == nil {
+			leases = append(leases, ls)
+			continue
+		}
+		if !errors.Is(err, dlock.ErrResourceLimit) || !errors.Is(err, dlock.ErrNotAcquired) || !strings.Contains(err.Error(), "max_locks_per_transaction") {
+			t.Fatalf("TryAcquire %d: %v; want ErrResourceLimit naming max_locks_per_transaction", i, err)
+		}
+		t.Logf("the lock table is full at %d leases: %v", i, err)
+		break
+	}
+	start := time.Now()
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	_, err = l.Acquire(wctx, prefix+"wait", nil)
+	if !errors.Is(err, dlock.ErrResourceLimit) || wctx.Err() != nil {
+		t.Fatalf("Acquire with the lock table full: %v after %v; want ErrResourceLimit at once", err, time.Since(start))
+	}
+	for _, ls := range leases {
+		if err := ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leases = nil
+	ls, err := l.TryAcquire(ctx, prefix+"after", nil)
+	if err != nil {
+		t.Fatalf("TryAcquire once the leases were released: %v", err)
+	}
+	leases = append(leases, ls)
 }

@@ -205,12 +205,13 @@ func appPool(t *testing.T, addr, params string, maxConns int32) *pgxpool.Pool {
 // and gives it back after the release with the session's settings as they
 // were (idle_session_timeout and synchronous_commit, which a lease's session
 // has at the TTL and off), whether it waited, tried, or found the lock busy.
-// Closing the Locker leaves the pool open.
+// Closing the Locker leaves the pool open. (A connection per lease: with
+// the defaults, a pool of 2 has one place for a lock of its own.)
 func TestApplicationPool(t *testing.T) {
 	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "&idle_session_timeout=77000", 2)
-	l, err := postgres.New(pool, nil)
+	l, err := postgres.New(pool, &postgres.Options{NoSharedSessions: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,12 +414,13 @@ func TestConnectionsReturned(t *testing.T) {
 // prepared statements were dropped (DISCARD ALL, DEALLOCATE ALL, as some
 // pool reset hooks run) prepares them again, and the lock works as before.
 // (The test's own queries use the simple protocol: pgx's statement cache does
-// not survive the drop.)
+// not survive the drop. A connection per lease: with the defaults, a pool
+// of 1 shares its session.)
 func TestPreparedStatementsDropped(t *testing.T) {
 	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "", 1)
-	l, err := postgres.New(pool, nil)
+	l, err := postgres.New(pool, &postgres.Options{NoSharedSessions: true})
 	if err != nil {
 		t.Fatal(err)
 	}
