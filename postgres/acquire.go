@@ -30,6 +30,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	}
 	for i := 0; ; i++ {
 		g, err := d.acquire(ctx, req, ms, false)
+		err = lockTableFull(err)
 		if err == nil || i == deadConnRetries || ctx.Err() != nil || !isConnError(err) {
 			return g, err
 		}
@@ -48,6 +49,7 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 	var timer *time.Timer
 	for {
 		g, err := d.acquire(ctx, req, ms, true)
+		err = lockTableFull(err)
 		if err == nil || ctx.Err() != nil || !retryable(err) {
 			return g, err
 		}
@@ -67,12 +69,31 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 }
 
 // acquire makes one attempt: on a shared session (shared.go), or on a
-// connection of its own (acquireConn).
+// connection of its own (acquireConn). By default (d.own set) a lock that
+// may share a session takes a connection of its own while one of d.own's
+// places is free, and shares a session past them.
 func (d *driver) acquire(ctx context.Context, req dlockdriver.Request, ms string, wait bool) (*dlockdriver.Grant, error) {
-	if d.shared != nil && req.Kind == dlockdriver.KindLock && (req.Metadata == "" || d.meta == nil) {
+	if d.shared == nil || req.Kind != dlockdriver.KindLock || (req.Metadata != "" && d.meta != nil) {
+		return d.acquireConn(ctx, req, ms, wait)
+	}
+	if d.own == nil { // Options.SharedSessions
 		return d.shared.acquire(ctx, req, ms, wait)
 	}
-	return d.acquireConn(ctx, req, ms, wait)
+	if req.TTL < SharedMinTTL {
+		return d.acquireConn(ctx, req, ms, wait)
+	}
+	select {
+	case d.own <- struct{}{}:
+	default:
+		return d.shared.acquire(ctx, req, ms, wait)
+	}
+	g, err := d.acquireConn(ctx, req, ms, wait)
+	if g == nil {
+		<-d.own
+		return g, err
+	}
+	g.Handle.(*lease).place.Store(&d.own)
+	return g, err
 }
 
 // acquireConn makes one attempt on a connection from the pool: one
@@ -231,12 +252,15 @@ func (d *driver) conn(ctx context.Context) (*pgxpool.Conn, error) {
 			return nil, fmt.Errorf("%w: %w", dlock.ErrNotAcquired, ctx.Err())
 		}
 		if errors.Is(context.Cause(actx), errPoolFull) {
-			holders := "each lease and each wait holds one"
+			holders, more := "each lease and each wait holds one", ", or let locks share sessions (remove shared_sessions=false, or set shared_sessions=true)"
 			if d.shared != nil {
-				holders = "each shared session, each wait, and each permit, read/write lock or lease with metadata holds one"
+				holders, more = "each shared session, each wait, and each permit, read/write lock or lease with metadata holds one", ""
+				if d.own != nil {
+					holders = "locks take one each up to half of them, then share a few; " + holders
+				}
 			}
-			return nil, fmt.Errorf("%w: postgres: all %d connections of the pool are in use (%s): raise pool_max_conns, within the server's max_connections",
-				dlock.ErrResourceLimit, d.pool.Config().MaxConns, holders)
+			return nil, fmt.Errorf("%w: postgres: all %d connections of the pool are in use (%s): raise pool_max_conns, within the server's max_connections%s",
+				dlock.ErrResourceLimit, d.pool.Config().MaxConns, holders, more)
 		}
 		return nil, fmt.Errorf("postgres: getting a connection: %w", err)
 	}
@@ -336,12 +360,30 @@ func isConnError(err error) bool {
 	return errors.As(err, &ce)
 }
 
+// lockTableFull turns the server's "out of shared memory" (SQLSTATE 53200:
+// its lock table, of max_locks_per_transaction × (max_connections +
+// max_prepared_transactions) entries for every session's locks, is full),
+// which thousands of leases on shared sessions can meet, into
+// dlock.ErrResourceLimit: the acquisition fails at once, not retried, as
+// when the pool is full.
+func lockTableFull(err error) error {
+	var pe *pgconn.PgError
+	if err == nil || !errors.As(err, &pe) || pe.Code != "53200" || errors.Is(err, dlock.ErrResourceLimit) {
+		return err
+	}
+	return fmt.Errorf("%w: postgres: the server's lock table is full (max_locks_per_transaction × (max_connections + max_prepared_transactions) locks, shared by every session): raise max_locks_per_transaction on the server, or hold fewer leases: %w",
+		dlock.ErrResourceLimit, err)
+}
+
 // retryable reports an error after which a wait starts again: a connection
 // that ended or could not be made (a server restarting), a server starting up
 // or shutting down, too many connections, a statement cancelled by someone
 // else or by statement_timeout. Authentication and configuration errors are
 // not.
 func retryable(err error) bool {
+	if errors.Is(err, dlock.ErrResourceLimit) {
+		return false
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code[:min(2, len(pe.Code))] {

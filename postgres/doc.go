@@ -7,8 +7,9 @@
 //
 //	locker, err := dlock.Open(ctx, "postgres://app:secret@db:5432/app?sslmode=verify-full&ttl=10s")
 //
-// or, on the application's *pgxpool.Pool (a lease, and a waiting Acquire,
-// each hold one of its connections: size MaxConns for them):
+// or, on the application's *pgxpool.Pool (locks hold one of its
+// connections each up to half of MaxConns, then share a few; a waiting
+// Acquire, a permit and a read/write lock hold one each):
 //
 //	locker, err := postgres.New(pool, nil)
 //
@@ -32,6 +33,11 @@
 //     pooler (detected and refused).
 //   - Semaphores, read/write locks (a waiting writer keeps new readers out)
 //     and leader election, held and lost with the session as locks are.
+//   - Many leases: locks take a connection each up to half of the pool
+//     (pool_max_conns, 32 by default), then are stacked on a few shared
+//     sessions, whose end loses every lease on it; 10,000 leases on the
+//     default URL. shared_sessions=false gives every lease a connection
+//     (at most pool_max_conns), shared_sessions=true shares from the first.
 //
 // # Layout
 //

@@ -39,9 +39,11 @@ type lease struct {
 	slot       int32      // a permit's slot
 	relExtra   [][]byte   // a permit's release parameters after release's: slot, limit
 	meta       bool       // the session recorded the lock's metadata (metadata.go)
-	// waitSlot: the connection is one of the shared sessions' waiting
-	// connections (shared.go), whose place frees when the lease ends
-	waitSlot atomic.Bool
+	// place, when set, is the set of places the connection holds one of
+	// (shared.go: the shared sessions' waiting connections, or the
+	// connections of their own that locks take before they share
+	// sessions), freed when the lease ends
+	place atomic.Pointer[chan struct{}]
 	// ms is the session's idle_session_timeout, in milliseconds, as the
 	// acquisition or the last refresh set it; "" after held.sql set it to
 	// the time left. The Locker serialises the statements that use it.
@@ -59,11 +61,10 @@ type lease struct {
 	watched  chan struct{} // closed when the watcher has returned
 }
 
-// freeWaitSlot gives back the lease's place among the waiting connections,
-// once.
-func (h *lease) freeWaitSlot() {
-	if h.waitSlot.CompareAndSwap(true, false) {
-		<-h.d.shared.waits
+// freePlace gives back the lease's place (see place), once.
+func (h *lease) freePlace() {
+	if p := h.place.Swap(nil); p != nil {
+		<-*p
 	}
 }
 

@@ -56,7 +56,7 @@ func (d *driver) unreserve() {
 
 // park also forgets h, the lease the connection was released from.
 func (d *driver) park(p parked, h *lease) {
-	h.freeWaitSlot()
+	h.freePlace()
 	d.mu.Lock()
 	d.parking--
 	delete(d.leases, h)
@@ -172,7 +172,7 @@ func (d *driver) sweep() {
 }
 
 func (d *driver) untrack(h *lease) {
-	h.freeWaitSlot()
+	h.freePlace()
 	d.mu.Lock()
 	delete(d.leases, h)
 	d.mu.Unlock()

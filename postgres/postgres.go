@@ -97,12 +97,22 @@ type Options struct {
 	// Default false: any proxy is refused with ErrPooler.
 	SessionPooler bool
 
-	// SharedSessions stacks the advisory locks of many leases on a few
-	// shared sessions instead of a connection per lease (URL:
-	// shared_sessions=true); see the package doc, Shared sessions. It
-	// applies to locks without metadata; semaphores, read/write locks and
-	// locks with metadata keep a connection each. Default false.
+	// SharedSessions stacks the advisory locks of every lease on a few
+	// shared sessions (URL: shared_sessions=true), and makes SharedMinTTL
+	// the shortest TTL; see DESIGN.md, Shared sessions. It applies to locks
+	// without metadata; semaphores, read/write locks and locks with
+	// metadata keep a connection each. Default false: a lock takes a
+	// connection of its own while the Locker's locks hold fewer than half
+	// of the pool's MaxConns (or its TTL is under SharedMinTTL), and shares
+	// a session past them, so that a Locker holds thousands of leases on a
+	// pool of a few connections.
 	SharedSessions bool
+
+	// NoSharedSessions gives every lease a connection of its own (URL:
+	// shared_sessions=false): a Locker then holds at most the pool's
+	// MaxConns leases and waiting Acquires at once, and fails past them
+	// with dlock.ErrResourceLimit. Default false; not with SharedSessions.
+	NoSharedSessions bool
 
 	// SharedConns is the most shared sessions per TTL (URL: shared_conns).
 	// Default DefaultSharedConns (4).
@@ -122,8 +132,19 @@ func New(pool *pgxpool.Pool, opts *Options) (*dlock.Locker, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool", dlock.ErrInvalid)
 	}
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
 	d := newDriver(pool, opts, false)
 	return dlock.New(d.api(), &d.defaults)
+}
+
+// check rejects options that contradict each other.
+func (o *Options) check() error {
+	if o != nil && o.SharedSessions && o.NoSharedSessions {
+		return fmt.Errorf("%w: postgres: SharedSessions and NoSharedSessions are both set", dlock.ErrInvalid)
+	}
+	return nil
 }
 
 // api is the driver as the Locker sees it: with shared sessions, one that
@@ -144,6 +165,9 @@ func (d *driver) api() dlockdriver.Driver {
 func NewFromConfig(ctx context.Context, cfg *pgxpool.Config, opts *Options) (*dlock.Locker, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("%w: postgres: nil config", dlock.ErrInvalid)
+	}
+	if err := opts.check(); err != nil {
+		return nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects lazily
 	if err != nil {
@@ -217,8 +241,11 @@ func newDriver(pool *pgxpool.Pool, opts *Options, ownsPool bool) *driver {
 		d.meta = newMetadataStmts(d.fence)
 	}
 	d.defaults = o.Defaults
-	if o.SharedSessions {
+	if !o.NoSharedSessions {
 		d.shared = newSharedSet(d, o.SharedConns, o.WaitConns)
+		if !o.SharedSessions {
+			d.own = make(chan struct{}, pool.Config().MaxConns/2)
+		}
 	}
 	return d
 }
@@ -240,8 +267,12 @@ type driver struct {
 	// the statements of the other kinds (kinds.go), by Kind
 	kinds [dlockdriver.KindWrite + 1]*kindStmts
 	meta  *metadataStmts // nil without fencing (metadata.go)
-	// shared is nil unless Options.SharedSessions (shared.go)
+	// shared is nil with Options.NoSharedSessions (shared.go)
 	shared *sharedSet
+	// own has a place for each lock that may take a connection of its own
+	// before locks share sessions (half the pool's MaxConns); nil with
+	// Options.SharedSessions or NoSharedSessions
+	own chan struct{}
 
 	mu       sync.Mutex
 	closed   bool

@@ -302,7 +302,7 @@ func (s *sharedSet) waitWithSlot(ctx context.Context, req dlockdriver.Request, m
 		return nil, err
 	}
 	h := g.Handle.(*lease)
-	h.waitSlot.Store(true)
+	h.place.Store(&s.waits)
 	if key != "" {
 		s.mu.Lock()
 		if h.waited < 0.001 {
@@ -327,10 +327,13 @@ type sharedDriver struct{ *driver }
 // shared sessions (FIFOOrder's holder, in three runs of three).
 const SharedMinTTL = 500 * time.Millisecond
 
-// Capabilities is the driver's, with SharedMinTTL.
+// Capabilities is the driver's, with SharedMinTTL when every lock shares
+// a session (by default a shorter TTL takes a connection of its own).
 func (d sharedDriver) Capabilities() dlock.Capabilities {
 	c := d.driver.Capabilities()
-	c.MinTTL = SharedMinTTL
+	if d.own == nil {
+		c.MinTTL = SharedMinTTL
+	}
 	return c
 }
 

@@ -78,7 +78,9 @@ func ParseURL(u *url.URL) (*pgxpool.Config, *Options, error) {
 	}
 	opts.FenceSchema, _ = p.Take(paramFenceSchema)
 	opts.SessionPooler, _ = p.TakeBool(paramSessionPooler)
-	opts.SharedSessions, _ = p.TakeBool(paramShared)
+	if shared, ok := p.TakeBool(paramShared); ok {
+		opts.SharedSessions, opts.NoSharedSessions = shared, !shared
+	}
 	for _, n := range []struct {
 		param string
 		into  *int

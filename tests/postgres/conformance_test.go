@@ -17,21 +17,28 @@ import (
 // harness gives every locker its own pool dialling the shared server through
 // its own faultnet proxy.
 type harness struct {
-	addr   string
-	raw    *pgx.Conn // straight to the server, for Residue; nil: one per call
-	shared bool      // Options.SharedSessions
+	addr string
+	raw  *pgx.Conn        // straight to the server, for Residue; nil: one per call
+	opts postgres.Options // without Defaults
+	// maxConns, when not 0, is the pool's MaxConns (else 32): by default a
+	// Locker's locks share sessions past half of it
+	maxConns int32
 }
 
 func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
 	t.Helper()
 	p := faultnet.ListenT(t, h.addr)
-	o := &postgres.Options{SharedSessions: h.shared}
+	o := h.opts
 	if defaults != nil {
 		o.Defaults = *defaults
 	}
+	cfg := poolConfig(t, p.Addr())
+	if h.maxConns != 0 {
+		cfg.MaxConns = h.maxConns
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := postgres.NewFromConfig(ctx, poolConfig(t, p.Addr()), o)
+	l, err := postgres.NewFromConfig(ctx, cfg, &o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,31 +85,52 @@ func (h ownServer) RestartServer(ctx context.Context) error { return h.srv.Resta
 // runConformance runs the suite on a server of its own, so that the Chaos
 // section can pause and restart it; on an external server
 // (DLOCK_POSTGRES_ADDR) it runs without server faults.
-func runConformance(t *testing.T, cfg conformance.Config) { runConformanceOf(t, cfg, false) }
+func runConformance(t *testing.T, cfg conformance.Config) { runConformanceOf(t, cfg, harness{}) }
 
-func runConformanceOf(t *testing.T, cfg conformance.Config, shared bool) {
+// runConformanceOf is runConformance with h's options and pool size.
+func runConformanceOf(t *testing.T, cfg conformance.Config, h harness) {
 	if os.Getenv("DLOCK_POSTGRES_ADDR") != "" {
 		srv := dlocktest.Require(t, dlocktest.Postgres)
-		conformance.RunConfig(t, harness{addr: srv.Addr(), raw: rawConn(t, srv.Addr()), shared: shared}, cfg)
+		h.addr, h.raw = srv.Addr(), rawConn(t, srv.Addr())
+		conformance.RunConfig(t, h, cfg)
 		return
 	}
 	srv := dlocktest.RequireNew(t, dlocktest.Postgres)
-	conformance.RunConfig(t, ownServer{harness{addr: srv.Addr(), shared: shared}, srv}, cfg)
+	h.addr = srv.Addr()
+	conformance.RunConfig(t, ownServer{h, srv}, cfg)
 }
 
+// The suite with the defaults: a lock takes a connection of its own while
+// the Locker's locks hold fewer than half of the pool (16 of 32), and
+// shares a session past them.
 func TestConformance(t *testing.T) { runConformance(t, conformance.Config{}) }
 
-// The suite with Options.SharedSessions: locks stacked on shared sessions,
-// waits on dedicated connections.
-func TestConformanceShared(t *testing.T) { runConformanceOf(t, conformance.Config{}, true) }
+// The suite with the defaults on a pool of 6: past 3 locks on connections
+// of their own, locks share sessions, so that the suite's properties hold
+// for a Locker whose leases are on both.
+func TestConformanceSpill(t *testing.T) {
+	runConformanceOf(t, conformance.Config{}, harness{maxConns: 6})
+}
+
+// The suite with Options.NoSharedSessions: a connection per lease.
+func TestConformanceDedicated(t *testing.T) {
+	runConformanceOf(t, conformance.Config{}, harness{opts: postgres.Options{NoSharedSessions: true}})
+}
+
+// The suite with Options.SharedSessions: every lock stacked on shared
+// sessions, waits on dedicated connections.
+func TestConformanceShared(t *testing.T) {
+	runConformanceOf(t, conformance.Config{}, harness{opts: postgres.Options{SharedSessions: true}})
+}
 
 // The suite again at the declared MinTTL: the bounds hold for the shortest
-// TTL the driver accepts.
+// TTL the driver accepts (which takes a connection of its own).
 func TestConformanceMinTTL(t *testing.T) {
 	runConformance(t, conformance.Config{TTL: postgres.MinTTL, Chaos: 10 * time.Second})
 }
 
 // The shared-session suite at its declared MinTTL.
 func TestConformanceSharedMinTTL(t *testing.T) {
-	runConformanceOf(t, conformance.Config{TTL: postgres.SharedMinTTL, Chaos: 10 * time.Second}, true)
+	runConformanceOf(t, conformance.Config{TTL: postgres.SharedMinTTL, Chaos: 10 * time.Second},
+		harness{opts: postgres.Options{SharedSessions: true}})
 }

@@ -12,14 +12,15 @@ import (
 	"github.com/dlock/dlock/dlocktest"
 )
 
-// With every connection of the pool holding a lease, an acquisition fails
-// within about a second with ErrResourceLimit naming pool_max_conns,
-// instead of waiting for a connection until its ctx ends; a release makes
-// room again.
+// With a connection per lease (shared_sessions=false) and every connection
+// of the pool holding a lease, an acquisition fails within about a second
+// with ErrResourceLimit naming pool_max_conns and shared sessions, instead
+// of waiting for a connection until its ctx ends; a release makes room
+// again.
 func TestPoolExhaustedFailsFast(t *testing.T) {
 	addr := dlocktest.Require(t, dlocktest.Postgres).Addr()
 	ctx := testutil.Ctx(t)
-	l, err := dlock.Open(ctx, dsn(addr)+"&pool_max_conns=2")
+	l, err := dlock.Open(ctx, dsn(addr)+"&pool_max_conns=2&shared_sessions=false")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +43,9 @@ func TestPoolExhaustedFailsFast(t *testing.T) {
 			_, err = l.Acquire(ctx, prefix+"c", nil) // ctx lasts a minute
 		}
 		took := time.Since(start)
-		if !errors.Is(err, dlock.ErrResourceLimit) || !errors.Is(err, dlock.ErrNotAcquired) || !strings.Contains(err.Error(), "pool_max_conns") {
-			t.Fatalf("try=%v with the pool full: %v; want ErrResourceLimit naming pool_max_conns", try, err)
+		if !errors.Is(err, dlock.ErrResourceLimit) || !errors.Is(err, dlock.ErrNotAcquired) ||
+			!strings.Contains(err.Error(), "pool_max_conns") || !strings.Contains(err.Error(), "shared_sessions=true") {
+			t.Fatalf("try=%v with the pool full: %v; want ErrResourceLimit naming pool_max_conns and shared_sessions=true", try, err)
 		}
 		if took > 10*time.Second {
 			t.Errorf("try=%v failed only after %v", try, took)

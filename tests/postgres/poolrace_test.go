@@ -50,7 +50,9 @@ func TestPoolFillingRaceFailsFast(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()
-			l, err := dlock.Open(ctx, dsn(addr)+"&pool_max_conns="+strconv.Itoa(maxConns))
+			// A connection per lease: by default, locks would share
+			// sessions past half the pool and never fill it.
+			l, err := dlock.Open(ctx, dsn(addr)+"&shared_sessions=false&pool_max_conns="+strconv.Itoa(maxConns))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -32,6 +32,7 @@ func TestParseURL(t *testing.T) {
 		{"postgres://h/db?fencing=true", postgres.Options{}, postgres.DefaultMaxConns},
 		{"postgres://h/db?shared_sessions=true&shared_conns=2&wait_conns=8",
 			postgres.Options{SharedSessions: true, SharedConns: 2, WaitConns: 8}, postgres.DefaultMaxConns},
+		{"postgres://h/db?shared_sessions=false", postgres.Options{NoSharedSessions: true}, postgres.DefaultMaxConns},
 	} {
 		u, _ := url.Parse(tc.url)
 		cfg, opts, err := postgres.ParseURL(u)
@@ -162,6 +163,27 @@ func TestOpenFails(t *testing.T) {
 	}
 }
 
+// SharedSessions and NoSharedSessions contradict each other: New and
+// NewFromConfig refuse them together.
+func TestSharedAndNoSharedInvalid(t *testing.T) {
+	opts := &postgres.Options{SharedSessions: true, NoSharedSessions: true}
+	cfg, err := pgxpool.ParseConfig("postgres://u@127.0.0.1:1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := postgres.NewFromConfig(t.Context(), cfg, opts); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("NewFromConfig: got %v, want ErrInvalid", err)
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg) // connects lazily
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := postgres.New(pool, opts); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("New: got %v, want ErrInvalid", err)
+	}
+}
+
 // appPool is an application's pool of maxConns connections to addr, with
 // params added to the URL, closed at the test's end.
 func appPool(t *testing.T, addr, params string, maxConns int32) *pgxpool.Pool {
@@ -183,12 +205,13 @@ func appPool(t *testing.T, addr, params string, maxConns int32) *pgxpool.Pool {
 // and gives it back after the release with the session's settings as they
 // were (idle_session_timeout and synchronous_commit, which a lease's session
 // has at the TTL and off), whether it waited, tried, or found the lock busy.
-// Closing the Locker leaves the pool open.
+// Closing the Locker leaves the pool open. (A connection per lease: with
+// the defaults, a pool of 2 has one place for a lock of its own.)
 func TestApplicationPool(t *testing.T) {
 	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "&idle_session_timeout=77000", 2)
-	l, err := postgres.New(pool, nil)
+	l, err := postgres.New(pool, &postgres.Options{NoSharedSessions: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,12 +414,13 @@ func TestConnectionsReturned(t *testing.T) {
 // prepared statements were dropped (DISCARD ALL, DEALLOCATE ALL, as some
 // pool reset hooks run) prepares them again, and the lock works as before.
 // (The test's own queries use the simple protocol: pgx's statement cache does
-// not survive the drop.)
+// not survive the drop. A connection per lease: with the defaults, a pool
+// of 1 shares its session.)
 func TestPreparedStatementsDropped(t *testing.T) {
 	ctx := testutil.Ctx(t)
 	srv := dlocktest.Require(t, dlocktest.Postgres)
 	pool := appPool(t, srv.Addr(), "", 1)
-	l, err := postgres.New(pool, nil)
+	l, err := postgres.New(pool, &postgres.Options{NoSharedSessions: true})
 	if err != nil {
 		t.Fatal(err)
 	}
