@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -678,8 +679,9 @@ func testElectionOneLeader(s *suite) {
 		ls[i], _ = s.locker(s.opts())
 	}
 	var (
-		mu  sync.Mutex
-		ivs []interval
+		mu    sync.Mutex
+		ivs   []interval
+		ended atomic.Int64 // leaderships that ran out before Leader answered
 	)
 	s.loop(candidates, terms, func(who int) error {
 		me := fmt.Sprintf("candidate-%d", who)
@@ -696,11 +698,20 @@ func testElectionOneLeader(s *suite) {
 		if err != nil {
 			return err
 		}
+		answered := time.Now()
 		if !ld.Held || ld.Candidate != me || ld.Term != term {
-			return fmt.Errorf("another candidate's Leader = %+v while %s leads with term %d", ld, me, term)
+			// Leader must show this leadership only if it lasted through
+			// the call: at a short TTL on a loaded machine the lease may
+			// have run out first (and another candidate been elected, or
+			// be recording its candidate).
+			if lead.Err() == nil && answered.Before(lead.ValidUntil()) {
+				return fmt.Errorf("another candidate's Leader = %+v while %s leads with term %d (valid until %v, answered %v before)",
+					ld, me, term, lead.ValidUntil(), lead.ValidUntil().Sub(answered))
+			}
+			ended.Add(1)
 		}
 		iv := hold(lead, from, who, true)
-		if err := lead.Release(s.ctx); err != nil {
+		if err := lead.Release(s.ctx); err != nil && !(lead.Err() != nil && errors.Is(err, dlock.ErrNotHeld)) {
 			return err
 		}
 		mu.Lock()
@@ -708,6 +719,9 @@ func testElectionOneLeader(s *suite) {
 		mu.Unlock()
 		return nil
 	})
+	if n := ended.Load(); n > 0 {
+		s.t.Logf("%d of %d leaderships ran out before another candidate's Leader answered: not checked", n, candidates*terms)
+	}
 	slices.SortFunc(ivs, func(a, b interval) int { return a.from.Compare(b.from) })
 	for i := 1; i < len(ivs); i++ {
 		if ivs[i].from.Before(ivs[i-1].to) {
