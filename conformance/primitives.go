@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -626,6 +627,7 @@ func testElectionOneLeader(s *suite) {
 	for i := range ls {
 		ls[i], _ = s.locker(s.opts())
 	}
+	var ended atomic.Int64 // leaderships that ran out before Leader answered
 	ivs := s.loop(candidates, terms, func(who int) (interval, error) {
 		me := fmt.Sprintf("candidate-%d", who)
 		lead, err := ls[who].Elect(s.ctx, name, me, nil)
@@ -641,12 +643,27 @@ func testElectionOneLeader(s *suite) {
 		if err != nil {
 			return interval{}, err
 		}
+		answered := time.Now()
 		if !ld.Held || ld.Candidate != me || ld.Term != term {
-			return interval{}, fmt.Errorf("another candidate's Leader = %+v while %s leads with term %d", ld, me, term)
+			// Leader must show this leadership only if it lasted through
+			// the call: at a short TTL on a loaded machine the lease may
+			// have run out first (and another candidate been elected, or
+			// be recording its candidate).
+			if lead.Err() == nil && answered.Before(lead.ValidUntil()) {
+				return interval{}, fmt.Errorf("another candidate's Leader = %+v while %s leads with term %d (valid until %v, answered %v before)",
+					ld, me, term, lead.ValidUntil(), lead.ValidUntil().Sub(answered))
+			}
+			ended.Add(1)
 		}
 		iv := hold(lead, from, who, true)
-		return iv, lead.Release(s.ctx)
+		if err := lead.Release(s.ctx); err != nil && !(lead.Err() != nil && errors.Is(err, dlock.ErrNotHeld)) {
+			return interval{}, err
+		}
+		return iv, nil
 	})
+	if n := ended.Load(); n > 0 {
+		s.t.Logf("%d of %d leaderships ran out before another candidate's Leader answered: not checked", n, candidates*terms)
+	}
 	slices.SortFunc(ivs, func(a, b interval) int { return a.from.Compare(b.from) })
 	for i := 1; i < len(ivs); i++ {
 		if ivs[i].from.Before(ivs[i-1].to) {

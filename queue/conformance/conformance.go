@@ -37,14 +37,6 @@ const (
 	subtestGrace   = 30 * time.Second
 )
 
-// KnownDefects is implemented by a harness whose backend fails a property
-// for a known, open defect: KnownDefect returns why for the subtest's name
-// ("" for none), and the subtest is skipped saying so. It is for a defect
-// being fixed, never for a missing capability or backend.
-type KnownDefects interface {
-	KnownDefect(subtest string) string
-}
-
 // Run runs every property against the harness.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
@@ -52,14 +44,8 @@ func Run(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	known, _ := h.(KnownDefects)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if known != nil {
-				if why := known.KnownDefect(tc.name); why != "" {
-					t.Skipf("known defect of this backend, not yet fixed: %s", why)
-				}
-			}
 			ctx, cancel := context.WithTimeout(t.Context(), limit)
 			watchdog := time.AfterFunc(limit+subtestGrace, func() {
 				panic(fmt.Sprintf("queue/conformance: %s did not finish within %v: a driver call ignores its context", t.Name(), limit))

@@ -449,17 +449,25 @@ func testResets(s *suite) {
 		acked    int
 		produced atomic.Bool
 		faults   = []Faults{fp}
+		// progress[i] counts the calls of client i (0: the producer)
+		// that succeeded: the nemesis resets a client only after it made
+		// progress since its previous reset.
+		progress = make([]atomic.Int64, workers+1)
 		wg       sync.WaitGroup
 	)
-	for range workers {
+	for w := range workers {
 		c, f := s.client()
 		faults = append(faults, f)
 		q := s.same(c, qp, opts)
+		done := &progress[w+1]
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				wctx, cancel := context.WithTimeout(ctx, time.Second)
 				cs, err := q.ClaimWait(wctx, 5, 500*time.Millisecond)
 				cancel()
+				if err == nil {
+					done.Add(1)
+				}
 				if err != nil || len(cs) == 0 {
 					if n, lerr := q.Len(ctx); produced.Load() && lerr == nil && n == 0 {
 						return // drained
@@ -468,6 +476,9 @@ func testResets(s *suite) {
 				}
 				for _, cl := range cs {
 					err := cl.Ack(ctx)
+					if err == nil {
+						done.Add(1)
+					}
 					mu.Lock()
 					sent[cl.ID] = true
 					if err == nil {
@@ -481,15 +492,27 @@ func testResets(s *suite) {
 	stop := make(chan struct{})
 	var nemesis sync.WaitGroup
 	nemesis.Go(func() {
-		for i := 0; ; i++ {
+		// Every 100ms the next client that has made progress since its
+		// previous reset has its connections reset: often enough to cut
+		// calls in the middle, and never twice before a client has made
+		// a new connection and done something with it. (A reset every
+		// 400ms per client, whatever happened, kept every client from
+		// connecting at all on a loaded machine, where PostgreSQL's
+		// handshake took longer than that.)
+		seen := make([]int64, len(faults))
+		for i := 0; ; {
 			select {
 			case <-stop:
 				return
-			// Each client's connections are reset every 400ms: often enough
-			// to cut calls in the middle, seldom enough that connections
-			// (PostgreSQL's handshake takes ~50ms under -race) can be made.
 			case <-time.After(100 * time.Millisecond):
-				faults[i%len(faults)].Reset()
+			}
+			for range faults {
+				i = (i + 1) % len(faults)
+				if n := progress[i].Load(); n > seen[i] {
+					seen[i] = n
+					faults[i].Reset()
+					break
+				}
 			}
 		}
 	})
@@ -497,6 +520,7 @@ func testResets(s *suite) {
 		if _, err := qp.Enqueue(ctx, fmt.Sprintf("r%03d", i), nil); err != nil {
 			continue // reset mid-call: it happened or not; again (deduplicated)
 		}
+		progress[0].Add(1)
 		i++
 	}
 	produced.Store(true)
@@ -521,31 +545,39 @@ func testWoken(s *suite) {
 	c2, _ := s.client()
 	q := s.queue(c, nil)
 	q2 := s.same(c2, q, nil)
+	type result struct {
+		at  time.Time // when the wait returned
+		err error
+	}
 	for _, kind := range []string{"ClaimWait", "PopWait"} {
-		got := make(chan error, 1)
+		got := make(chan result, 1)
 		go func() {
 			if kind == "ClaimWait" {
 				cs, err := q2.ClaimWait(s.ctx, 1, time.Minute)
+				at := time.Now()
 				if err == nil && len(cs) == 1 {
 					err = cs[0].Ack(s.ctx)
 				}
-				got <- err
+				got <- result{at, err}
 				return
 			}
 			_, err := q2.PopWait(s.ctx, 1)
-			got <- err
+			got <- result{time.Now(), err}
 		}()
 		time.Sleep(200 * time.Millisecond) // let it block (no event tells that it has)
-		sent := time.Now()
 		s.enqueue(q, kind, nil, queue.Added)
+		// The wake-up follows the Enqueue's commit, which is before its
+		// return: counted from there, not from its send (an Enqueue on a
+		// loaded machine may take longer than the bound itself).
+		enqueued := time.Now()
 		select {
-		case err := <-got:
-			if err != nil {
-				s.t.Fatalf("%s: %v", kind, err)
+		case r := <-got:
+			if r.err != nil {
+				s.t.Fatalf("%s: %v", kind, r.err)
 			}
 			// The fallback timer is 5s: well before it, the wake-up came
 			// from the server.
-			if d := time.Since(sent); d > s.live(time.Second) {
+			if d := r.at.Sub(enqueued); d > s.live(time.Second) {
 				s.t.Errorf("%s returned %v after the enqueue: not woken by it", kind, d)
 			}
 		case <-s.ctx.Done():

@@ -19,19 +19,6 @@ type queueHarness struct {
 	raw  *pgxpool.Pool
 }
 
-// KnownDefect: on PostgreSQL, tasks whose claims run out are claimed again
-// at about one a second by 8 waiting workers (1,886 of 2,000 not acked in
-// 90s), where redis and memory redeliver at each claim's deadline. The
-// check's safety half (no claim before the previous one's Until) held in
-// the rounds that ran; the pace is an open liveness defect of pgqueue's
-// ClaimWait after a claim runs out.
-func (queueHarness) KnownDefect(subtest string) string {
-	if subtest == "NoOverlappingClaims" {
-		return "pgqueue redelivers tasks whose claims ran out at about one a second to waiting workers"
-	}
-	return ""
-}
-
 func (h queueHarness) NewClient(t *testing.T) (*queue.Client, conformance.Faults) {
 	t.Helper()
 	p := faultnet.ListenT(t, h.addr)

@@ -38,12 +38,18 @@ func wakeTable(t *testing.T, addr string) (string, *pgxpool.Pool) {
 
 func newTaskQueue(t *testing.T, pool *pgxpool.Pool, table, name string) *queue.Queue {
 	t.Helper()
+	return newTaskQueueOpts(t, pool, table, name, nil)
+}
+
+// newTaskQueueOpts is newTaskQueue with the queue's options.
+func newTaskQueueOpts(t *testing.T, pool *pgxpool.Pool, table, name string, opts *queue.Options) *queue.Queue {
+	t.Helper()
 	c, err := pgqueue.NewQueue(pool, &pgqueue.QueueOptions{Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	q, err := c.Queue(name, nil)
+	q, err := c.Queue(name, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
