@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,6 +141,8 @@ type suite struct {
 	cfg   Config
 	ctx   context.Context // ends at the subtest's deadline
 	names []string
+	mu    sync.Mutex
+	ttl   time.Duration // the longest TTL opts handed out, under mu
 }
 
 func newSuite(t *testing.T, h Harness, caps dlock.Capabilities, cfg Config, extra time.Duration) *suite {
@@ -185,6 +188,9 @@ func (s *suite) opts(edit ...func(*dlock.Options)) *dlock.Options {
 	for _, e := range edit {
 		e(o)
 	}
+	s.mu.Lock()
+	s.ttl = max(s.ttl, o.TTL)
+	s.mu.Unlock()
 	return o
 }
 
@@ -203,9 +209,13 @@ func (s *suite) checkResidue() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, n := range s.names {
-			// A lock that was lost on purpose may still sit on the server
-			// until its TTL: give it that long.
-			deadline := time.Now().Add(s.cfg.TTL + s.caps.ExpirySlack + s.tol())
+			// A lock that was lost on purpose, or whose release reached
+			// only some nodes, may still sit on the server until its
+			// TTL (the longest the subtest used): give it that long.
+			s.mu.Lock()
+			longest := max(s.cfg.TTL, s.ttl)
+			s.mu.Unlock()
+			deadline := time.Now().Add(longest + s.caps.ExpirySlack + s.tol())
 			for {
 				left, err := s.h.Residue(ctx, n)
 				if err != nil {

@@ -248,7 +248,10 @@ func testSemaphoreLimit(s *suite) {
 	name := s.name()
 	sems := make([]*dlock.Semaphore, lockers)
 	for i := range sems {
-		l, _ := s.locker(s.opts())
+		// Nothing here is about TTLs (a permit is held 2ms), and a grant
+		// that came late in a 500ms TTL on a loaded machine was lost
+		// before its first refresh landed: a TTL long enough for any load.
+		l, _ := s.locker(s.opts(ttl(max(s.cfg.TTL, 5*time.Second))))
 		sems[i] = s.semaphore(l, name, limit)
 	}
 	last := make([]uint64, lockers)
@@ -448,7 +451,8 @@ func testRWExclusion(s *suite) {
 	name := s.name()
 	rws := make([]*dlock.RWLock, writers+readers)
 	for i := range rws {
-		l, _ := s.locker(s.opts())
+		// Nothing here is about TTLs: as in testSemaphoreLimit.
+		l, _ := s.locker(s.opts(ttl(max(s.cfg.TTL, 5*time.Second))))
 		rws[i] = s.rwlock(l, name)
 	}
 	ivs := s.loop(writers+readers, rounds, func(who int) (interval, error) {

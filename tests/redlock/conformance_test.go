@@ -54,10 +54,14 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 	// Close of a locker holding several leases sends all their releases at
 	// once, which on a 2-core machine running the whole suite can take
 	// longer (IsolationAndClose failed so in CI). 250ms keeps the suite
-	// about the locks, not the machine's load.
+	// about the locks, not the machine's load; a locker for longer TTLs
+	// gets the driver's default share of its TTL when that is longer
+	// (IsolationAndClose, 5s TTL: ten releases at once dial new
+	// connections on every node, past 250ms at load ~30).
 	o := &redlock.Options{Compat: h.compat, NodeTimeout: 250 * time.Millisecond}
 	if defaults != nil {
 		o.Defaults = *defaults
+		o.NodeTimeout = max(o.NodeTimeout, min(defaults.TTL/5, redlock.MaxDefaultNodeTimeout))
 	}
 	l, err := redlock.New(clients, o)
 	if err != nil {
