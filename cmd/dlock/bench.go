@@ -264,7 +264,7 @@ func prepareTargets(ctx context.Context, selected []backend, urls urlFlag, peers
 		if !given {
 			addrs := make([]string, 0, len(b.servers))
 			for _, kind := range b.servers {
-				say("%-8s starting a %s server…", b.name, kind)
+				say("%-8s starting a server (%s)…", b.name, kind)
 				sctx, cancel := context.WithTimeout(ctx, serverStartTimeout)
 				srv, err := dlocktest.Start(sctx, kind, nil)
 				cancel()

@@ -58,7 +58,7 @@ func startBenchTargets(ctx context.Context, cmd string, names []string, urls, pa
 		if !given {
 			for _, kind := range b.servers {
 				if progress != nil {
-					fmt.Fprintf(progress, "%-9s starting a %s server…\n", n, kind)
+					fmt.Fprintf(progress, "%-9s starting a server (%s)…\n", n, kind)
 				}
 				sctx, cancel := context.WithTimeout(ctx, serverStartTimeout)
 				srv, err := dlocktest.Start(sctx, kind, nil)
