@@ -361,11 +361,11 @@ func TestConnectionsReturned(t *testing.T) {
 	}
 	name := uniqueName(t)
 
-	ls, err := l.TryAcquire(ctx, name, &dlock.Options{TTL: 200 * time.Millisecond, NoRefresh: true})
+	ls, err := l.TryAcquire(ctx, name, &dlock.Options{TTL: postgres.MinTTL, NoRefresh: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lostWithin(t, ls, time.Second)
+	lostWithin(t, ls, 2*time.Second)
 	returned("expiry")
 
 	ls, err = l.TryAcquire(ctx, name, nil)
