@@ -56,11 +56,12 @@ func TestBatchedRefresh(t *testing.T) {
 	leases := make([]*dlock.Lease, n)
 	for i := range leases {
 		var err error
-		if leases[i], err = l.Acquire(ctx, fmt.Sprint(i), &dlock.Options{TTL: 600 * time.Millisecond}); err != nil {
+		if leases[i], err = l.Acquire(ctx, fmt.Sprint(i), &dlock.Options{TTL: 2 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Three rounds of refreshes (every 200ms).
+	// Three rounds of refreshes (every 667ms). At a 600ms TTL a lease was
+	// lost beside two busy loops (load ~8) before its refresh landed.
 	waitRefreshes := func(want int64) {
 		t.Helper()
 		for end := time.Now().Add(30 * time.Second); counter.batched.Load()+counter.single.Load() < want; time.Sleep(10 * time.Millisecond) {
