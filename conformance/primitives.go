@@ -302,8 +302,21 @@ func testSemaphoreTry(s *suite) {
 		}
 		held = append(held, ls)
 	}
-	if ls, err := semB.TryAcquire(s.ctx, nil); !errors.Is(err, dlock.ErrNotAcquired) || ls != nil {
-		s.t.Fatalf("TryAcquire past the limit: %v, %v; want ErrNotAcquired", ls, err)
+	if ls, err := semB.TryAcquire(s.ctx, nil); err == nil && ls != nil {
+		// A third permit is a violation only while both others are held:
+		// at a short TTL on a loaded machine one may have run out first.
+		ended := 0
+		for _, h := range held {
+			if h.Err() != nil || !time.Now().Before(h.ValidUntil()) {
+				ended++
+			}
+		}
+		if ended == 0 {
+			s.t.Fatalf("TryAcquire past the limit granted a permit (fence %d) while %d of %d were held", fenceOf(ls), limit, limit)
+		}
+		s.t.Skipf("a held permit ran out before the third TryAcquire (%d of %d): not checked", ended, limit)
+	} else if !errors.Is(err, dlock.ErrNotAcquired) {
+		s.t.Fatalf("TryAcquire past the limit: %v; want ErrNotAcquired", err)
 	} else if s.ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		s.t.Fatalf("TryAcquire past the limit carries a context error: %v", err)
 	}
@@ -761,4 +774,11 @@ func testElectionFailover(s *suite) {
 		s.t.Fatalf("b's term %d is not above a's %d", termB, termA)
 	}
 	s.release(lb)
+}
+
+// fenceOf is a lease's fence, 0 without one: a lease is never formatted
+// whole in a message (its fields change under the watchdog).
+func fenceOf(ls *dlock.Lease) uint64 {
+	f, _ := ls.Fence()
+	return f
 }
