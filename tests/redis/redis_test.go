@@ -310,7 +310,9 @@ func TestFenceIncreases(t *testing.T) {
 	if err := l1.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l2, err := b.TryAcquire(ctx, "f", &dlock.Options{TTL: 50 * time.Millisecond, NoRefresh: true})
+	// 500ms, not less: the test is about fences, and under load (two busy
+	// loops) a 50ms grant came back expired (reply 58ms after the request).
+	l2, err := b.TryAcquire(ctx, "f", &dlock.Options{TTL: 500 * time.Millisecond, NoRefresh: true})
 	if err != nil {
 		t.Fatal(err)
 	}
