@@ -67,16 +67,24 @@ func TestObserverRefreshFailuresAndLoss(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("lease not lost within 20s of the black-hole")
 	}
-	for end := time.Now().Add(10 * time.Second); !seen(dlock.EventLost); time.Sleep(5 * time.Millisecond) {
+	// The observer hands an event to the hook before the logger: wait for
+	// both, or the log is read between the two.
+	lost := "level=ERROR msg=\"dlock: lease lost\" lock=" + name
+	logged := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(buf.String(), lost)
+	}
+	for end := time.Now().Add(10 * time.Second); !seen(dlock.EventLost) || !logged(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(end) {
-			t.Fatal("no EventLost within 10s of the loss")
+			t.Fatalf("no EventLost (hook: %v) or no %q in the log (%v) within 10s of the loss", seen(dlock.EventLost), lost, logged())
 		}
 	}
 	proxy.Heal()
 	mu.Lock()
 	out := buf.String()
 	mu.Unlock()
-	for _, want := range []string{"level=WARN msg=\"dlock: refresh failed", "level=ERROR msg=\"dlock: lease lost\" lock=" + name} {
+	for _, want := range []string{"level=WARN msg=\"dlock: refresh failed", lost} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
