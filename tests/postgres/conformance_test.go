@@ -102,7 +102,9 @@ func runConformanceOf(t *testing.T, cfg conformance.Config, h harness) {
 
 // The suite with the defaults: a lock takes a connection of its own while
 // the Locker's locks hold fewer than half of the pool (16 of 32), and
-// shares a session past them.
+// shares a session past them. The suite holds fewer than 16 locks per
+// Locker, so this run is also the one of Options.NoSharedSessions (a
+// connection per lease), whose own limits url_test.go covers.
 func TestConformance(t *testing.T) { runConformance(t, conformance.Config{}) }
 
 // The suite with the defaults on a pool of 6: past 3 locks on connections
@@ -110,11 +112,6 @@ func TestConformance(t *testing.T) { runConformance(t, conformance.Config{}) }
 // for a Locker whose leases are on both.
 func TestConformanceSpill(t *testing.T) {
 	runConformanceOf(t, conformance.Config{}, harness{maxConns: 6})
-}
-
-// The suite with Options.NoSharedSessions: a connection per lease.
-func TestConformanceDedicated(t *testing.T) {
-	runConformanceOf(t, conformance.Config{}, harness{opts: postgres.Options{NoSharedSessions: true}})
 }
 
 // The suite with Options.SharedSessions: every lock stacked on shared
