@@ -38,7 +38,7 @@ func (l *Locker) refreshBatch(lss []*Lease) {
 			continue
 		}
 		ls.mu.Lock()
-		stopped, until, ttl := ls.refreshStopped || ls.err != nil, ls.validUntil, ls.ttl
+		stopped, until, ttl := ls.tickState(time.Now())
 		ls.mu.Unlock()
 		if stopped {
 			<-ls.ops
