@@ -169,8 +169,11 @@ func (ls *Lease) onTick() {
 	}
 	defer ls.l.bg.Done()
 	ls.ops <- struct{}{}
+	// The refresh counts as sent when the work's bounds were checked: the
+	// lease is then valid no longer than TTL past them.
+	sent := time.Now()
 	ls.mu.Lock()
-	stopped, until, ttl := ls.tickState(time.Now())
+	stopped, until, ttl := ls.tickState(sent)
 	if !stopped && ls.refreshCtx == nil {
 		ls.refreshCtx, ls.cancelRefresh = context.WithCancel(context.Background())
 	}
@@ -181,7 +184,8 @@ func (ls *Lease) onTick() {
 		return
 	}
 	ctx, cancel := context.WithDeadline(rctx, until)
-	err := ls.refresh(ctx, ttl)
+	granted, err := ls.h.Refresh(ctx, ttl)
+	err = ls.applyRefresh(sent, ttl, granted, err)
 	cancel()
 	<-ls.ops
 	ls.afterTick(err, until)

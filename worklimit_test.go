@@ -108,6 +108,9 @@ func TestHeartbeatTimeout(t *testing.T) {
 		if lostAt.After(last.Add(hb + ttl + slack)) {
 			t.Errorf("lost %v after the last heartbeat, want within HeartbeatTimeout + TTL = %v", lostAt.Sub(last), hb+ttl)
 		}
+		if vu := ls.ValidUntil(); vu.After(last.Add(hb + ttl)) {
+			t.Errorf("valid until %v after the last heartbeat, past HeartbeatTimeout + TTL = %v", vu.Sub(last), hb+ttl)
+		}
 		checkWorkLoss(t, ls, dlock.ErrHeartbeatTimeout, dlock.ErrMaxHold)
 		w := <-got
 		if w.ls == nil {
@@ -136,6 +139,9 @@ func TestHeartbeatTimeout(t *testing.T) {
 		lostAt := waitEnd(t, ls, hb+ttl+slack)
 		if lostAt.After(last.Add(hb + ttl + slack)) {
 			t.Errorf("lost %v after the last heartbeat, want within HeartbeatTimeout + TTL = %v", lostAt.Sub(last), hb+ttl)
+		}
+		if vu := ls.ValidUntil(); vu.After(last.Add(hb + ttl)) {
+			t.Errorf("valid until %v after the last heartbeat, past HeartbeatTimeout + TTL = %v", vu.Sub(last), hb+ttl)
 		}
 		checkWorkLoss(t, ls, dlock.ErrHeartbeatTimeout, dlock.ErrMaxHold)
 		// A late heartbeat changes nothing.
@@ -208,10 +214,17 @@ func TestMaxHold(t *testing.T) {
 			if lostAt.After(after.Add(maxHold + ttl + slack)) {
 				t.Errorf("lost %v after the grant, want within MaxHold + TTL = %v", lostAt.Sub(after), maxHold+ttl)
 			}
+			if vu := ls.ValidUntil(); vu.After(after.Add(maxHold + ttl)) {
+				t.Errorf("valid until %v after the grant, past MaxHold + TTL = %v", vu.Sub(after), maxHold+ttl)
+			}
 			checkWorkLoss(t, ls, dlock.ErrMaxHold, dlock.ErrHeartbeatTimeout)
-			w, err := l.TryAcquire(ctx, "work", nil)
+			// The server may keep the lock until its TTL, a drift margin
+			// after the ValidUntil.
+			wctx, cancel := context.WithTimeout(ctx, slack)
+			defer cancel()
+			w, err := l.Acquire(wctx, "work", nil)
 			if err != nil {
-				t.Fatalf("TryAcquire after the holder's MaxHold: %v", err)
+				t.Fatalf("Acquire after the holder's MaxHold: %v", err)
 			}
 			_ = w.Release(ctx)
 		})
