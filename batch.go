@@ -24,6 +24,11 @@ func (l *Locker) refreshBatch(lss []*Lease) {
 		until time.Time
 	}
 	items := make([]item, 0, len(lss))
+	// Every request counts as sent when the leases' work bounds were
+	// checked (see Lease.tickState), so that none is valid longer than TTL
+	// past them; for a chunk after the first that is conservative by the
+	// earlier chunks' round trips.
+	now := time.Now()
 	for _, ls := range lss {
 		if !ls.enter() {
 			continue
@@ -38,7 +43,7 @@ func (l *Locker) refreshBatch(lss []*Lease) {
 			continue
 		}
 		ls.mu.Lock()
-		stopped, until, ttl := ls.refreshStopped || ls.err != nil, ls.validUntil, ls.ttl
+		stopped, until, ttl := ls.tickState(now)
 		ls.mu.Unlock()
 		if stopped {
 			<-ls.ops
@@ -61,7 +66,7 @@ func (l *Locker) refreshBatch(lss []*Lease) {
 			}
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		sent := time.Now()
+		sent := now
 		granted, errs := br.RefreshBatch(ctx, hs, ttls)
 		cancel()
 		for i, it := range chunk {

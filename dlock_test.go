@@ -98,7 +98,8 @@ func TestRedact(t *testing.T) {
 
 func TestOptionsQueryRoundTrip(t *testing.T) {
 	o := &dlock.Options{TTL: 7 * time.Second, NoRefresh: true, RefreshInterval: time.Second,
-		RetryMin: time.Millisecond, RetryMax: 2 * time.Second, Metadata: "m"}
+		RetryMin: time.Millisecond, RetryMax: 2 * time.Second, Metadata: "m",
+		MaxHold: time.Minute, HeartbeatTimeout: 3 * time.Second}
 	q := o.Query()
 	got, err := dlock.OptionsFromQuery(q)
 	if err != nil {

@@ -45,6 +45,30 @@
 // matches [ErrLost] and [Lease.Context] is cancelled. Run the work under
 // lease.Context(). Loss is always reported this way, never only logged.
 //
+// # Tie the lease to the work
+//
+// A watchdog keeps a lease as long as the process lives, even when the work
+// that took it is hung. Two options bound that; past them the watchdog stops
+// refreshing, and the lease ends at its ValidUntil with an error matching
+// [ErrLost] that says why:
+//
+//   - [Options.MaxHold]: no refresh after it; the lease ends at most
+//     MaxHold + TTL after the grant ([ErrMaxHold]).
+//   - [Options.HeartbeatTimeout]: the watchdog refreshes only while the work
+//     calls [Lease.Heartbeat] within it; the lease ends at most
+//     HeartbeatTimeout + TTL after the last call ([ErrHeartbeatTimeout]).
+//
+// Heartbeat is an atomic store of a clock reading, cheap enough for the
+// work's inner loop:
+//
+//	lease, err := locker.Acquire(ctx, "reindex", &dlock.Options{HeartbeatTimeout: 30 * time.Second})
+//	for batch := range batches {
+//		lease.Heartbeat()
+//		if err := reindex(lease.Context(), batch); err != nil { … }
+//	}
+//
+// dlock run has them as -max-hold and -heartbeat.
+//
 // # Do
 //
 // [Do] wraps the whole pattern: acquire, run fn with the lease and a context
@@ -80,7 +104,8 @@
 // # Errors
 //
 // Match with [errors.Is]: [ErrNotAcquired] (busy, or the wait ended),
-// [ErrNotHeld] ([ErrLost], [ErrReleased]), [ErrClosed], [ErrInvalid] (bad
+// [ErrNotHeld] ([ErrLost], [ErrReleased]; a loss at [ErrMaxHold] or
+// [ErrHeartbeatTimeout] matches both), [ErrClosed], [ErrInvalid] (bad
 // input, reported before any I/O), [ErrGrantExpired] (granted, but the reply
 // came too late for the TTL: not busy), [ErrLimitMismatch] (a semaphore asked
 // for under another limit than its holders'). Credentials from URLs never

@@ -39,6 +39,18 @@ var (
 	// ErrReleased: the lease was released by its holder. Matches ErrNotHeld.
 	ErrReleased = driver.ErrReleased
 
+	// ErrMaxHold: the lease was held for its Options.MaxHold, so the
+	// watchdog stopped refreshing it. A lease that ended so has an Err
+	// matching both ErrLost and ErrMaxHold; a Refresh refused past MaxHold
+	// matches ErrMaxHold alone (the lease stays valid until ValidUntil).
+	ErrMaxHold = errors.New("dlock: lease held for its MaxHold")
+
+	// ErrHeartbeatTimeout: the work holding a lease with
+	// Options.HeartbeatTimeout did not call Lease.Heartbeat within it, so
+	// the watchdog stopped refreshing the lease. A lease that ended so has an
+	// Err matching both ErrLost and ErrHeartbeatTimeout.
+	ErrHeartbeatTimeout = errors.New("dlock: no heartbeat from the lease's work within its HeartbeatTimeout")
+
 	// ErrClosed: the Locker was closed.
 	ErrClosed = driver.ErrClosed
 

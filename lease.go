@@ -15,8 +15,9 @@ import (
 // Lease is a held lock. Its methods are safe for concurrent use.
 //
 // A lease ends exactly once: when it is released, or when it is lost (it
-// expired, was taken over, its session or connection is gone, or it could not
-// be refreshed before ValidUntil). Done is then closed, Err says why (matching
+// expired, was taken over, its session or connection is gone, it could not
+// be refreshed before ValidUntil, or the watchdog stopped at its
+// Options.MaxHold or HeartbeatTimeout). Done is then closed, Err says why (matching
 // ErrReleased or ErrLost, both of which match ErrNotHeld) and Context is
 // cancelled with that cause. Loss is signalled no later than ValidUntil.
 type Lease struct {
@@ -32,6 +33,9 @@ type Lease struct {
 	notifier driver.LossNotifier // the handle, when it reports loss
 	drift    time.Duration       // from the grant, zero for the default
 	since    time.Time           // when the grant's request was sent
+	// beat is when Heartbeat was last called (or the lease granted), in
+	// monotonic nanoseconds after since; used with HeartbeatTimeout only.
+	beat atomic.Int64
 
 	// ops serialises Refresh, Release and Held on the handle, so that the
 	// server sees them in the order their results are applied. It is a
@@ -47,9 +51,14 @@ type Lease struct {
 	// done holds the chan struct{} that Done returns, made by its first
 	// call (most leases are released without anyone asking), or
 	// closedChan when the lease ended first.
-	done           atomic.Value
-	refreshStopped bool            // set by Release: the watchdog sends no more
-	retry          backoff.Backoff // the watchdog's delays after failed refreshes
+	done atomic.Value
+	// refreshStopped is set by Release, and when the watchdog stops for
+	// MaxHold or HeartbeatTimeout: the watchdog sends no more.
+	refreshStopped bool
+	// workStop says why the watchdog stopped before the lease ended, for
+	// the loss at ValidUntil: MaxHold or HeartbeatTimeout.
+	workStop error
+	retry    backoff.Backoff // the watchdog's delays after failed refreshes
 
 	ctx    context.Context // made by the first call of Context
 	cancel context.CancelCauseFunc
@@ -75,6 +84,9 @@ func newLease(l *Locker, req driver.Request, o Options, g *driver.Grant, sent ti
 	}
 	ls.notifier, _ = g.Handle.(driver.LossNotifier)
 	ls.validUntil = validUntil(sent, req.TTL, g)
+	if o.HeartbeatTimeout > 0 {
+		ls.Heartbeat() // the grant is the first heartbeat
+	}
 	return ls
 }
 
@@ -129,9 +141,14 @@ func (ls *Lease) onDeadline() {
 	if left > 0 { // a refresh moved it meanwhile
 		ls.l.sched.schedule(&ls.deadline, ls.validUntil)
 	}
+	why := ls.workStop
 	ls.mu.Unlock()
 	if left <= 0 {
-		ls.end(fmt.Errorf("%w: %q was not refreshed before its ValidUntil", ErrLost, ls.name))
+		if why != nil {
+			ls.end(fmt.Errorf("%w: %q ended at its ValidUntil, the watchdog having stopped: %w", ErrLost, ls.name, why))
+		} else {
+			ls.end(fmt.Errorf("%w: %q was not refreshed before its ValidUntil", ErrLost, ls.name))
+		}
 		if ls.l.abandoner != nil {
 			ls.mu.Lock()
 			ttl := ls.ttl
@@ -152,8 +169,11 @@ func (ls *Lease) onTick() {
 	}
 	defer ls.l.bg.Done()
 	ls.ops <- struct{}{}
+	// The refresh counts as sent when the work's bounds were checked: the
+	// lease is then valid no longer than TTL past them.
+	sent := time.Now()
 	ls.mu.Lock()
-	stopped, until, ttl := ls.refreshStopped || ls.err != nil, ls.validUntil, ls.ttl
+	stopped, until, ttl := ls.tickState(sent)
 	if !stopped && ls.refreshCtx == nil {
 		ls.refreshCtx, ls.cancelRefresh = context.WithCancel(context.Background())
 	}
@@ -164,10 +184,54 @@ func (ls *Lease) onTick() {
 		return
 	}
 	ctx, cancel := context.WithDeadline(rctx, until)
-	err := ls.refresh(ctx, ttl)
+	granted, err := ls.h.Refresh(ctx, ttl)
+	err = ls.applyRefresh(sent, ttl, granted, err)
 	cancel()
 	<-ls.ops
 	ls.afterTick(err, until)
+}
+
+// tickState is what a watchdog tick at now needs: whether it must send no
+// refresh (the lease has ended, was released, or its work's bounds have
+// run out: then the watchdog stops for good), the lease's ValidUntil and
+// its TTL; ls.mu and ls.ops held.
+func (ls *Lease) tickState(now time.Time) (stopped bool, until time.Time, ttl time.Duration) {
+	if !ls.refreshStopped && ls.err == nil {
+		if why := ls.workLimit(now); why != nil {
+			ls.refreshStopped, ls.workStop = true, why
+		}
+	}
+	return ls.refreshStopped || ls.err != nil, ls.validUntil, ls.ttl
+}
+
+// workLimit says why no refresh may be sent at now for the lease's work:
+// its MaxHold has passed, or its HeartbeatTimeout without a heartbeat; nil
+// when one may.
+func (ls *Lease) workLimit(now time.Time) error {
+	held := now.Sub(ls.since)
+	if m := ls.opts.MaxHold; m > 0 && held >= m {
+		return fmt.Errorf("%w (%v)", ErrMaxHold, m)
+	}
+	if h := ls.opts.HeartbeatTimeout; h > 0 {
+		if quiet := held - time.Duration(ls.beat.Load()); quiet > h {
+			return fmt.Errorf("%w (%v; the last was %v before the watchdog's tick)", ErrHeartbeatTimeout, h, quiet.Round(time.Millisecond))
+		}
+	}
+	return nil
+}
+
+// Heartbeat tells the watchdog that the work holding the lease is alive:
+// with Options.HeartbeatTimeout, the watchdog refreshes the lease only while
+// Heartbeat was called within that timeout (the grant counts as the first
+// call). It reads the monotonic clock and stores the reading atomically: no
+// I/O, no allocation, no lock, safe from any goroutine and cheap enough for
+// a hot loop. Once the watchdog has stopped for a missed heartbeat, a late
+// one changes nothing: the lease ends at its ValidUntil. Without
+// HeartbeatTimeout it does nothing.
+func (ls *Lease) Heartbeat() {
+	if ls.opts.HeartbeatTimeout > 0 {
+		ls.beat.Store(int64(time.Since(ls.since)))
+	}
 }
 
 // afterTick handles the outcome of a watchdog refresh whose lease was valid
@@ -272,7 +336,9 @@ func (ls *Lease) Context() context.Context {
 // ValidUntil. It fails with an error matching ErrNotHeld when the lease has
 // ended or the server no longer has the lock for it; then the lease ends as
 // lost. Other errors (a timeout, a connection reset) leave the lease as it
-// was: it stays valid until ValidUntil. ctx bounds the request.
+// was: it stays valid until ValidUntil. Once the lease's Options.MaxHold has
+// passed, Refresh sends nothing and returns an error matching ErrMaxHold.
+// ctx bounds the request.
 func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ttl == 0 {
 		ttl = ls.TTL()
@@ -291,6 +357,9 @@ func (ls *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	defer ls.unlockOps()
 	if err := ls.Err(); err != nil {
 		return err
+	}
+	if m := ls.opts.MaxHold; m > 0 && time.Since(ls.since) >= m {
+		return fmt.Errorf("dlock: refresh of %q: %w (%v)", ls.name, ErrMaxHold, m)
 	}
 	return ls.refresh(ctx, ttl)
 }

@@ -56,6 +56,26 @@ type Options struct {
 	// Metadata is stored with the lock where the backend can, for
 	// introspection (URL: metadata=host-a). Default empty.
 	Metadata string
+
+	// MaxHold bounds how long the watchdog keeps the lease (URL:
+	// max_hold=1h): it sends no refresh once MaxHold has passed since the
+	// grant's request was sent, and the lease ends at its ValidUntil, at
+	// most MaxHold + TTL after the grant, with an error matching ErrLost
+	// and ErrMaxHold. A manual Refresh past MaxHold is refused with
+	// ErrMaxHold. Default zero: no bound. It must not be below the TTL
+	// (ErrInvalid): the first grant alone would outlive it.
+	MaxHold time.Duration
+
+	// HeartbeatTimeout ties the lease to the work that holds it (URL:
+	// heartbeat_timeout=30s): the watchdog refreshes only while
+	// Lease.Heartbeat was called (or the lease granted) within the last
+	// HeartbeatTimeout. When the work stops calling it, the watchdog stops
+	// for good, and the lease ends at its ValidUntil, at most
+	// HeartbeatTimeout + TTL after the last heartbeat, with an error
+	// matching ErrLost and ErrHeartbeatTimeout. Default zero: no
+	// heartbeat needed. It needs the watchdog: with NoRefresh it is
+	// ErrInvalid.
+	HeartbeatTimeout time.Duration
 }
 
 // minTTL is the shortest TTL any Locker accepts: a grant's validity is its
@@ -89,6 +109,12 @@ func (o *Options) resolve(defaults *Options, caps Capabilities) (Options, error)
 		if src.Metadata != "" {
 			r.Metadata = src.Metadata
 		}
+		if src.MaxHold != 0 {
+			r.MaxHold = src.MaxHold
+		}
+		if src.HeartbeatTimeout != 0 {
+			r.HeartbeatTimeout = src.HeartbeatTimeout
+		}
 	}
 	if o != nil && o.TTL < 0 {
 		return r, invalid("TTL %v is not positive", o.TTL)
@@ -105,7 +131,27 @@ func (o *Options) resolve(defaults *Options, caps Capabilities) (Options, error)
 	if r.RefreshInterval == 0 {
 		r.RefreshInterval = r.TTL / 3
 	}
-	return r, r.validate(caps)
+	if err := r.validate(caps); err != nil {
+		return r, err
+	}
+	return r, r.validateWork()
+}
+
+// validateWork checks the bounds that tie a lease to its work, MaxHold and
+// HeartbeatTimeout, which only the watchdog applies (Refresh validates
+// without them).
+func (o *Options) validateWork() error {
+	switch {
+	case o.MaxHold < 0:
+		return invalid("max hold %v is negative", o.MaxHold)
+	case o.MaxHold > 0 && o.MaxHold < o.TTL:
+		return invalid("max hold %v is below the TTL %v: the first grant alone would outlive it", o.MaxHold, o.TTL)
+	case o.HeartbeatTimeout < 0:
+		return invalid("heartbeat timeout %v is negative", o.HeartbeatTimeout)
+	case o.HeartbeatTimeout > 0 && o.NoRefresh:
+		return invalid("heartbeat timeout %v needs the watchdog, which NoRefresh turns off", o.HeartbeatTimeout)
+	}
+	return nil
 }
 
 func (o *Options) validate(caps Capabilities) error {
@@ -151,7 +197,7 @@ func ValidateName(name string) error {
 }
 
 // OptionsFromQuery takes the lock options (ttl, refresh, refresh_interval,
-// retry_min, retry_max, metadata) out of a URL query, deleting the keys it
+// retry_min, retry_max, metadata, max_hold, heartbeat_timeout) out of a URL query, deleting the keys it
 // used from q. Open does this before the driver reads its own parameters;
 // drivers' ParseURL functions do it for their Options.Defaults.
 func OptionsFromQuery(q url.Values) (*Options, error) {
@@ -165,6 +211,8 @@ func OptionsFromQuery(q url.Values) (*Options, error) {
 	o.RetryMin, _ = p.TakeDuration("retry_min")
 	o.RetryMax, _ = p.TakeDuration("retry_max")
 	o.Metadata, _ = p.Take("metadata")
+	o.MaxHold, _ = p.TakeDuration("max_hold")
+	o.HeartbeatTimeout, _ = p.TakeDuration("heartbeat_timeout")
 	if p.Err != nil {
 		return nil, p.Err
 	}
@@ -187,6 +235,8 @@ func (o *Options) Query() url.Values {
 	set("refresh_interval", o.RefreshInterval)
 	set("retry_min", o.RetryMin)
 	set("retry_max", o.RetryMax)
+	set("max_hold", o.MaxHold)
+	set("heartbeat_timeout", o.HeartbeatTimeout)
 	if o.NoRefresh {
 		q.Set("refresh", "false")
 	}
@@ -197,5 +247,12 @@ func (o *Options) Query() url.Values {
 }
 
 func (o Options) String() string {
-	return fmt.Sprintf("ttl=%v refresh=%v/%v retry=%v..%v", o.TTL, !o.NoRefresh, o.RefreshInterval, o.RetryMin, o.RetryMax)
+	s := fmt.Sprintf("ttl=%v refresh=%v/%v retry=%v..%v", o.TTL, !o.NoRefresh, o.RefreshInterval, o.RetryMin, o.RetryMax)
+	if o.MaxHold > 0 {
+		s += fmt.Sprintf(" max_hold=%v", o.MaxHold)
+	}
+	if o.HeartbeatTimeout > 0 {
+		s += fmt.Sprintf(" heartbeat_timeout=%v", o.HeartbeatTimeout)
+	}
+	return s
 }

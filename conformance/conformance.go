@@ -75,6 +75,9 @@ func RunConfig(t *testing.T, h Harness, cfg Config) {
 	for _, tc := range primitiveTests {
 		runTest(t, h, caps, cfg, tc)
 	}
+	for _, tc := range workTests {
+		runTest(t, h, caps, cfg, tc)
+	}
 }
 
 // RunChaos runs the Chaos section alone, for a harness that breaks the

@@ -38,6 +38,8 @@ exits. COMMAND runs in a process group of its own with, in its environment:
 	DLOCK_TOKEN        the lease's token
 	DLOCK_VALID_UNTIL  when the lease would end without refresh (RFC 3339);
 	                   dlock run refreshes it while COMMAND runs
+	DLOCK_HEARTBEAT_FD with -heartbeat only: 3, the file descriptor on which
+	                   COMMAND heartbeats (see below)
 
 SIGINT, SIGTERM and SIGHUP are forwarded to COMMAND's process group. When
 the lock is lost (the backend unreachable past the lease's validity, the lock
@@ -45,6 +47,24 @@ taken away), COMMAND's process group gets SIGTERM, then SIGKILL after
 -grace, and dlock run exits with status 76. When COMMAND exits, whatever is
 left of its process group gets the same treatment before the lock is
 released, so nothing runs unprotected.
+
+A lease lives as long as the work, not as long as dlock run, with either
+flag (both end it the same way: dlock run stops refreshing it, and at its
+TTL the lock is lost as above, with status 76):
+
+	-max-hold D   the lease is refreshed for D at most, and so ends within
+	              D + TTL of its grant, however long COMMAND runs
+	-heartbeat D  the lease is refreshed only while COMMAND heartbeats at
+	              least every D, and so ends within D + TTL of its last
+	              heartbeat: COMMAND heartbeats by writing anything (a
+	              byte, a line) to file descriptor 3, which it inherits as
+	              a pipe (its number is also in DLOCK_HEARTBEAT_FD):
+
+	                  for f in /data/in/*; do echo >&3; process "$f"; done
+
+	              Children inherit the descriptor and may heartbeat too; a
+	              program that closes inherited descriptors (sudo, some
+	              daemons) cannot, and its lease ends after D + TTL.
 
 Exit status: COMMAND's own (128+N when a signal N ended it); 75 when the lock
 was not acquired (-try found it held, or -wait ran out); 76 when the lock was
@@ -74,6 +94,8 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 0, "give up waiting for the lock after this long, with status 75 (default: wait until interrupted)")
 	try := fs.Bool("try", false, "do not wait: exit with status 75 at once if the lock is held")
 	grace := fs.Duration("grace", 10*time.Second, "how long COMMAND's process group has between SIGTERM and SIGKILL")
+	maxHold := fs.Duration("max-hold", 0, "stop refreshing the lease after this long: it is lost at most a TTL later (default: no bound; at least the TTL)")
+	heartbeat := fs.Duration("heartbeat", 0, "refresh the lease only while COMMAND writes to fd 3 at least this often (default: no heartbeat needed)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -83,7 +105,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rest := fs.Args()
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "dlock run: "+format+"\n", a...)
-		fmt.Fprintln(stderr, "usage: dlock run [-url URL] [-ttl D] [-wait D | -try] [-grace D] NAME -- COMMAND [ARG...]")
+		fmt.Fprintln(stderr, "usage: dlock run [-url URL] [-ttl D] [-wait D | -try] [-grace D] [-max-hold D] [-heartbeat D] NAME -- COMMAND [ARG...]")
 		return exitUsage
 	}
 	if len(rest) == 0 {
@@ -105,7 +127,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageErr("no command to run")
 	case *try && *wait != 0:
 		return usageErr("-try and -wait exclude each other")
-	case *wait < 0, *ttl < 0:
+	case *wait < 0, *ttl < 0, *maxHold < 0, *heartbeat < 0:
 		return usageErr("durations must not be negative")
 	case *grace <= 0:
 		return usageErr("-grace must be positive")
@@ -138,16 +160,17 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer closeLocker()
 
-	ls, code := acquireForRun(ctx, l, name, *ttl, *wait, *try, sigs, stderr, u)
+	opts := &dlock.Options{TTL: *ttl, MaxHold: *maxHold, HeartbeatTimeout: *heartbeat}
+	ls, code := acquireForRun(ctx, l, name, opts, *wait, *try, sigs, stderr, u)
 	if ls == nil {
 		return code
 	}
-	return runUnder(ctx, ls, path, rest, *grace, sigs, stdout, stderr, u)
+	return runUnder(ctx, ls, path, rest, *grace, *heartbeat > 0, sigs, stdout, stderr, u)
 }
 
 // acquireForRun takes the lock as the flags say; a signal ends the wait. It
 // returns the lease, or nil and the exit status.
-func acquireForRun(ctx context.Context, l *dlock.Locker, name string, ttl, wait time.Duration, try bool, sigs <-chan os.Signal, stderr io.Writer, u *url.URL) (*dlock.Lease, int) {
+func acquireForRun(ctx context.Context, l *dlock.Locker, name string, opts *dlock.Options, wait time.Duration, try bool, sigs <-chan os.Signal, stderr io.Writer, u *url.URL) (*dlock.Lease, int) {
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if wait > 0 {
@@ -164,7 +187,6 @@ func acquireForRun(ctx context.Context, l *dlock.Locker, name string, ttl, wait 
 		case <-done:
 		}
 	}()
-	opts := &dlock.Options{TTL: ttl}
 	var ls *dlock.Lease
 	var err error
 	if try {
@@ -201,7 +223,9 @@ type signalError struct{ s syscall.Signal }
 func (e signalError) Error() string { return e.s.String() }
 
 // runUnder runs the command under ls and returns dlock run's exit status.
-func runUnder(ctx context.Context, ls *dlock.Lease, path string, argv []string, grace time.Duration, sigs <-chan os.Signal, stdout, stderr io.Writer, u *url.URL) int {
+// With heartbeat, the command gets the write end of a pipe as fd 3, and
+// whatever it writes there is a heartbeat of ls.
+func runUnder(ctx context.Context, ls *dlock.Lease, path string, argv []string, grace time.Duration, heartbeat bool, sigs <-chan os.Signal, stdout, stderr io.Writer, u *url.URL) int {
 	fence := ""
 	if f, ok := ls.Fence(); ok {
 		fence = strconv.FormatUint(f, 10)
@@ -223,7 +247,26 @@ func runUnder(ctx context.Context, ls *dlock.Lease, path string, argv []string, 
 			fmt.Fprintf(stderr, "dlock run: releasing %q: %v\n", ls.Name(), driver.RedactError(err, u))
 		}
 	}
-	if err := cmd.Start(); err != nil {
+	var beats *os.File // the read end of the command's heartbeat pipe
+	if heartbeat {
+		r, w, err := os.Pipe()
+		if err != nil {
+			release()
+			fmt.Fprintf(stderr, "dlock run: %v\n", err)
+			return exitFailed
+		}
+		beats = r
+		cmd.ExtraFiles = []*os.File{w} // fd 3
+		cmd.Env = append(cmd.Env, "DLOCK_HEARTBEAT_FD=3")
+	}
+	err := cmd.Start()
+	if beats != nil {
+		_ = cmd.ExtraFiles[0].Close() // the command has its own copy
+	}
+	if err != nil {
+		if beats != nil {
+			_ = beats.Close()
+		}
 		release()
 		fmt.Fprintf(stderr, "dlock run: %v\n", err)
 		return exitFailed
@@ -231,6 +274,16 @@ func runUnder(ctx context.Context, ls *dlock.Lease, path string, argv []string, 
 	pgid := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	if beats != nil {
+		read := make(chan struct{})
+		go func() {
+			defer close(read)
+			readBeats(beats, ls)
+		}()
+		// Reading goes on until the command's group is gone (a write to a
+		// pipe without a reader would kill the writer with SIGPIPE).
+		defer func() { _ = beats.Close(); <-read }()
+	}
 
 	var waitErr error
 	lost := false
@@ -264,6 +317,21 @@ loop:
 		return exitLost
 	}
 	return exitStatus(waitErr)
+}
+
+// readBeats calls ls.Heartbeat for every read of r that returns data, until
+// r ends or is closed.
+func readBeats(r io.Reader, ls *dlock.Lease) {
+	buf := make([]byte, 512)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			ls.Heartbeat()
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // terminate sends SIGTERM to the process group, and SIGKILL to what is left

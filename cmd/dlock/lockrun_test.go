@@ -65,6 +65,8 @@ func TestRunUsage(t *testing.T) {
 		{"unknown flag", []string{"run", "-frobnicate", "job", "--", "true"}, "frobnicate"},
 		{"unknown flag after the name", []string{"run", "-url", "mem://", "job", "-v", "--", "echo", "hi"}, "-v"},
 		{"usage error after the name", []string{"run", "-url", "mem://", "job", "-try", "-wait", "1s", "--", "true"}, "exclude"},
+		{"negative heartbeat", []string{"run", "-url", "mem://", "-heartbeat", "-1s", "job", "--", "true"}, "negative"},
+		{"max-hold below the TTL", []string{"run", "-url", "mem://", "-ttl", "2s", "-max-hold", "1s", "job", "--", "true"}, "max hold 1s is below the TTL"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("DLOCK_URL", "")
@@ -510,4 +512,60 @@ func fencedWrite(f *os.File, fence uint64) error {
 	}
 	_, err = fmt.Fprintf(f, "%s %d\n", verdict, fence)
 	return err
+}
+
+// With -heartbeat, the command heartbeats by writing to fd 3: while it does
+// (for several TTLs) it runs; once it stops, the lease is lost within
+// -heartbeat + TTL, the command is terminated and dlock run exits with 76,
+// saying why.
+func TestRunHeartbeat(t *testing.T) {
+	const script = `trap 'echo got TERM; exit 143' TERM
+echo "fd=$DLOCK_HEARTBEAT_FD"
+i=0; while [ $i -lt 20 ]; do echo >&3; sleep 0.05; i=$((i+1)); done
+echo stopped
+while :; do sleep 1; done`
+	c, lines, stderr := startDlock(t, "run", "-url", "mem://", "-ttl", "300ms", "-heartbeat", "200ms", "-grace", "2s", "job", "--", "sh", "-c", script)
+	if l := expectLine(t, lines, "fd="); l != "fd=3" {
+		t.Errorf("DLOCK_HEARTBEAT_FD: got %q, want fd=3", l)
+	}
+	// Heartbeating for 1s, over 3 TTLs, the command kept the lock.
+	expectLine(t, lines, "stopped")
+	stopped := time.Now()
+	expectLine(t, lines, "got TERM")
+	if d := time.Since(stopped); d > 200*time.Millisecond+300*time.Millisecond+2*time.Second {
+		t.Errorf("terminated %v after the last heartbeat, want within -heartbeat + TTL (500ms) and some slack", d)
+	}
+	if code := waitExit(t, c); code != exitLost {
+		t.Fatalf("status %d, want %d; stderr:\n%s", code, exitLost, stderr)
+	}
+	if !strings.Contains(stderr.String(), "lost the lock") || !strings.Contains(stderr.String(), "HeartbeatTimeout") {
+		t.Errorf("stderr does not say the lock was lost for a missed heartbeat:\n%s", stderr)
+	}
+}
+
+// With -max-hold, the lease is lost at most a TTL after it, however long
+// the command runs; without -heartbeat the command has no fd 3.
+func TestRunMaxHold(t *testing.T) {
+	const script = `trap 'echo got TERM; exit 143' TERM
+if { true >&3; } 2>/dev/null; then echo "fd 3 open"; else echo "no fd 3"; fi
+echo "fd=$DLOCK_HEARTBEAT_FD"
+while :; do sleep 1; done`
+	start := time.Now()
+	c, lines, stderr := startDlock(t, "run", "-url", "mem://", "-ttl", "300ms", "-max-hold", "600ms", "-grace", "2s", "job", "--", "sh", "-c", script)
+	if l := expectLine(t, lines, "no fd 3"); l != "no fd 3" {
+		t.Errorf("the command has a fd 3 without -heartbeat")
+	}
+	if l := expectLine(t, lines, "fd="); l != "fd=" {
+		t.Errorf("DLOCK_HEARTBEAT_FD without -heartbeat: %q", l)
+	}
+	expectLine(t, lines, "got TERM")
+	if d := time.Since(start); d < 600*time.Millisecond || d > 600*time.Millisecond+300*time.Millisecond+3*time.Second {
+		t.Errorf("terminated %v after the start, want after -max-hold and within -max-hold + TTL (900ms) and some slack", d)
+	}
+	if code := waitExit(t, c); code != exitLost {
+		t.Fatalf("status %d, want %d; stderr:\n%s", code, exitLost, stderr)
+	}
+	if !strings.Contains(stderr.String(), "lost the lock") || !strings.Contains(stderr.String(), "MaxHold") {
+		t.Errorf("stderr does not say the lock was lost at its MaxHold:\n%s", stderr)
+	}
 }
