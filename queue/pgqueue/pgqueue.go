@@ -233,8 +233,8 @@ var enqueueSQL = `WITH w AS MATERIALIZED (SELECT ` + waitersTest + ` AS waiters)
 // takeSQL runs an operation on a queue's due tasks as one statement, with
 // the recovery of expired claims before it ($1 queue, $3 maxAttempts): each
 // expired claim becomes due again at its deadline, or dead when $3 > 0 and
-// it has had $3 deliveries. op is a CTE named op returning (id, due_ms,
-// attempts, payload, token). The statement returns op's rows, each with the
+// it has had $3 deliveries. op is one or more CTEs, the last named op
+// returning (id, due_ms, attempts, payload, token). The statement returns op's rows, each with the
 // number of claims recovered; when op has none, one row of NULLs with the
 // time in µs from the statement's now() until the next due task or claim
 // expiry (NULL when there is none) instead: due times are to the ms, but a
@@ -259,7 +259,7 @@ func takeSQL(op string) string {
 	  state = CASE WHEN $3::int > 0 AND t.attempts >= $3::int THEN 2 ELSE 0 END,
 	  due = CASE WHEN $3::int > 0 AND t.attempts >= $3::int THEN date_trunc('milliseconds', now()) ELSE t.due END
 	  FROM exp WHERE t.queue = $1 AND t.id = exp.id RETURNING 1),
-	op AS (` + op + `)
+	` + op + `
 	SELECT id, due_ms, attempts, payload, token, NULL::bigint, (SELECT count(*) FROM rec) FROM op
 	UNION ALL
 	SELECT NULL, NULL, NULL, NULL, NULL, (extract(epoch from (LEAST(
@@ -410,25 +410,38 @@ func statementContext(ctx context.Context) (context.Context, func()) {
 }
 
 // The operations on due tasks, for takeSQL: $2 is n, $4 the claim token's
-// prefix, $5 the visibility in ms. Pop and Claim pick their rows in a
-// MATERIALIZED CTE, evaluated once: as a subquery joined to the table, the
-// pick may be the inner side of a nested loop, run again for each row, and
-// each run skips the rows the statement has already changed (a row
-// locked and changed by its own statement is passed over) and picks the
-// next ones: Pop(3) took 4 tasks so.
+// prefix, $5 the visibility in ms. Pop and Claim pick their rows (c) in a
+// MATERIALIZED CTE, evaluated once, and change the rows whose ids are in
+// ARRAY(SELECT id FROM c), an InitPlan, also evaluated once: the change
+// joins nothing, so no plan can take more than the n rows picked. (The
+// pick was once a subquery joined to the table: with stale statistics (a
+// fresh table, or right after a burst) it was planned as the inner side
+// of a nested loop, run again for each queued row, each run passing over
+// the rows the statement had already changed and picking the next ones:
+// Pop(3) took 4 tasks, ClaimWait(10) up to 276.) Claim joins its updated
+// rows back to c, both at most n rows with distinct ids, for the due
+// times they had.
 const (
-	peekOp = `SELECT id, (extract(epoch from due) * 1000)::bigint AS due_ms, attempts, payload, token FROM dlock_tasks
-		WHERE queue = $1 AND state = 0 AND due <= now() ORDER BY due, id LIMIT $2`
-	pickDue = `WITH c AS MATERIALIZED (SELECT id, due FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
-		  ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED) `
-	popOp = pickDue + `DELETE FROM dlock_tasks t USING c
-		WHERE t.queue = $1 AND t.id = c.id
-		RETURNING t.id, (extract(epoch from t.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token`
-	claimOp = pickDue + `UPDATE dlock_tasks t SET state = 1, attempts = t.attempts + 1,
+	peekOp = `op AS (SELECT id, (extract(epoch from due) * 1000)::bigint AS due_ms, attempts, payload, token FROM dlock_tasks
+		WHERE queue = $1 AND state = 0 AND due <= now() ORDER BY due, id LIMIT $2)`
+	pickDue = `c AS MATERIALIZED (SELECT id, due FROM dlock_tasks WHERE queue = $1 AND state = 0 AND due <= now()
+		  ORDER BY due, id LIMIT $2 FOR UPDATE SKIP LOCKED),`
+	popOp = pickDue + `
+		op AS (DELETE FROM dlock_tasks t WHERE t.queue = $1 AND t.id = ANY(ARRAY(SELECT id FROM c))
+		RETURNING t.id, (extract(epoch from t.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token)`
+	claimOp = pickDue + `
+		u AS (UPDATE dlock_tasks t SET state = 1, attempts = t.attempts + 1,
 		  token = $4 || ':' || t.id, due = ` + dueExpr + ` + $5::bigint * interval '1 millisecond'
-		FROM c
-		WHERE t.queue = $1 AND t.id = c.id
-		RETURNING t.id, (extract(epoch from c.due) * 1000)::bigint AS due_ms, t.attempts, t.payload, t.token`
+		WHERE t.queue = $1 AND t.id = ANY(ARRAY(SELECT id FROM c))
+		RETURNING t.id, t.attempts, t.payload, t.token),
+		op AS (SELECT u.id, (extract(epoch from c.due) * 1000)::bigint AS due_ms, u.attempts, u.payload, u.token
+		FROM u JOIN c ON c.id = u.id)`
+	// releaseSQL gives back a claim Claim took beyond its n ($1 queue,
+	// $2 id, $3 token, $4 the due time it had in ms), as if never
+	// claimed.
+	releaseSQL = `UPDATE dlock_tasks SET state = 0, token = NULL, attempts = attempts - 1,
+		due = 'epoch'::timestamptz + $4::bigint * interval '1 millisecond'
+		WHERE queue = $1 AND id = $2 AND state = 1 AND token = $3`
 )
 
 func (d *taskDriver) Peek(ctx context.Context, qn string, n int) ([]qdriver.Task, error) {
@@ -451,6 +464,16 @@ func (d *taskDriver) Pop(ctx context.Context, qn string, n int) ([]qdriver.Task,
 
 func (d *taskDriver) Claim(ctx context.Context, qn string, n int, vis time.Duration, max int) ([]qdriver.Claimed, time.Duration, error) {
 	rows, w, err := d.take(ctx, qn, "claim", d.claimSQL, qn, n, max, qdriver.NewToken(), qdriver.Millis(vis))
+	if len(rows) > n {
+		// Never more than n, whatever the plan: the statement cannot
+		// take more (claimOp), but should it, the extra claims are
+		// given back at once (or, if that fails, run out and are
+		// delivered again).
+		for _, r := range rows[n:] {
+			_, _ = d.execDue(ctx, "claim", qn, releaseSQL, qn, r.id, *r.token, r.due)
+		}
+		rows = rows[:n]
+	}
 	out := make([]qdriver.Claimed, len(rows))
 	for i, r := range rows {
 		out[i] = qdriver.Claimed{Task: r.task(), Token: *r.token}
