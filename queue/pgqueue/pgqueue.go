@@ -482,7 +482,14 @@ func (d *taskDriver) Claim(ctx context.Context, qn string, n int, vis time.Durat
 }
 
 // current is the condition of a current claim: $1 queue, $2 id, $3 token.
-const current = `queue = $1 AND id = $2 AND state = 1 AND token = $3 AND due > now()`
+// The row is found through the primary key, (queue, id): state is
+// compared as an int (state::int, not the indexed smallint), so that the
+// (queue, state, due, id) index offers no range but the whole queue. With
+// state = 1, the planner (with stale statistics, and a tie in cost) walked
+// that index through every live claim of the queue, and the dead entries
+// of those acked within the last visibility, for each Ack: 4.3ms an Ack
+// beside 5,000 live claims, 0.1ms through the key (BenchmarkAck).
+const current = `queue = $1 AND id = $2 AND state::int = 1 AND token = $3 AND due > now()`
 
 // Wake-ups go only where someone may be waiting. A NOTIFY costs its
 // sender a transaction, and PostgreSQL serialises the commits of notifying
