@@ -353,13 +353,23 @@ func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, arg
 		sent := time.Now()
 		sctx, stop := statementContext(ctx)
 		rows, err := d.pool.Query(sctx, stmt, args...)
-		if err != nil {
-			stop()
-			return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
+		var (
+			got       []row
+			wait      time.Duration
+			recovered int64
+		)
+		if err == nil {
+			got, wait, recovered, err = readRows(rows)
 		}
-		got, wait, recovered, err := readRows(rows)
 		stop()
 		if err != nil {
+			if waits {
+				// This waiter may have been the one woken for a task
+				// it did not take: another looks.
+				d.wmu.Lock()
+				d.wakeOne(qn)
+				d.wmu.Unlock()
+			}
 			return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
 		}
 		out = append(out, got...)
@@ -660,7 +670,8 @@ func (d *taskDriver) Dead(ctx context.Context, qn string, n int) ([]qdriver.Task
 // Watch registers a waiter for the queue's wake-ups: the Client's listening
 // connection (one, taken from the pool while anyone waits) LISTENs on the
 // channel and then registers with listenSQL (see waitersKey), and a
-// notification with the queue's name signals every waiter of that queue.
+// notification with the queue's name signals one waiter of that queue
+// (wakeOne).
 // A listening connection that fails wakes every waiter (a notification may
 // have been missed) and is replaced at the next Watch.
 func (d *taskDriver) Watch(ctx context.Context, qn string) (<-chan struct{}, func(), error) {
@@ -709,6 +720,11 @@ func (d *taskDriver) unwatch(qn string, c chan struct{}) {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	delete(d.watchers[qn], c)
+	select {
+	case <-c: // a wake-up this waiter did not act on: another's
+		d.wakeOne(qn)
+	default:
+	}
 	if len(d.watchers[qn]) == 0 {
 		delete(d.watchers, qn)
 	}
@@ -764,13 +780,26 @@ func (d *taskDriver) listen(ctx context.Context, conn *pgxpool.Conn) {
 			return
 		}
 		d.wmu.Lock()
-		if len(d.watchers[n.Payload]) > 0 {
-			d.due.signalled() // before the waiters can look
-		}
-		for c := range d.watchers[n.Payload] {
-			signal(c)
-		}
+		d.wakeOne(n.Payload)
 		d.wmu.Unlock()
+	}
+}
+
+// wakeOne signals one waiter of the queue, one not signalled yet, for a
+// notification: each notification is one change that made a task due, and
+// one waiter takes it. Waking them all had every idle waiter run a Claim
+// for each task, all but one for nothing (8 idle workers: 42 transactions
+// per task). When every waiter has a signal pending, all are awake and
+// each will look. A waiter that leaves with its signal unread passes it on
+// (unwatch), and so does one whose statement failed (take). d.wmu is
+// held.
+func (d *taskDriver) wakeOne(qn string) {
+	for c := range d.watchers[qn] {
+		if len(c) == 0 {
+			d.due.signalled() // before the waiter can look
+			signal(c)
+			return
+		}
 	}
 }
 

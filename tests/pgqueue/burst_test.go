@@ -115,7 +115,7 @@ func TestBurstTakesAtMostN(t *testing.T) {
 			for p := range 4 {
 				ewg.Go(func() {
 					for i := p; i < tasks; i += 4 {
-						if _, err := q.Enqueue(wctx, fmt.Sprintf("t%04d", i), nil); err != nil {
+						if _, err := q.Enqueue(ctx, fmt.Sprintf("t%04d", i), nil); err != nil {
 							errs <- fmt.Errorf("Enqueue: %w", err)
 							return
 						}
