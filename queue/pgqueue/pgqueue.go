@@ -3,6 +3,7 @@ package pgqueue
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -369,6 +370,14 @@ func (d *taskDriver) take(ctx context.Context, qn, what string, stmt string, arg
 				d.wmu.Lock()
 				d.wakeOne(qn)
 				d.wmu.Unlock()
+			}
+			if len(out) > 0 {
+				return out, 0, nil // taken by the run before: the caller gets them
+			}
+			if cerr := ctx.Err(); cerr != nil && errors.Is(err, context.Canceled) {
+				// Cut off statementGrace after the caller's ctx ended:
+				// the caller's error (DeadlineExceeded) is the cause.
+				err = fmt.Errorf("%w (the statement was cancelled %v after it)", cerr, statementGrace)
 			}
 			return nil, 0, fmt.Errorf("postgres: %s on %q: %w", what, qn, err)
 		}
