@@ -22,10 +22,11 @@ const (
 	Etcd      Kind = "etcd"
 	ZooKeeper Kind = "zookeeper"
 	Postgres  Kind = "postgres"
+	MariaDB   Kind = "mariadb"
 )
 
 // Kinds lists every kind, in a fixed order.
-var Kinds = []Kind{Redis, Etcd, ZooKeeper, Postgres}
+var Kinds = []Kind{Redis, Etcd, ZooKeeper, Postgres, MariaDB}
 
 // Credentials of the PostgreSQL servers this package starts; an external one
 // (DLOCK_POSTGRES_ADDR) must accept them too.
@@ -33,6 +34,17 @@ const (
 	PostgresUser     = "postgres"
 	PostgresPassword = "postgres"
 	PostgresDatabase = "postgres"
+)
+
+// Credentials of the MariaDB servers this package starts (the user owns the
+// database, and may see and kill other sessions); an external one
+// (DLOCK_MARIADB_ADDR) must accept them too. The servers offer TLS with a
+// self-signed certificate for 127.0.0.1 and localhost, made when the image
+// is built, and accept plain connections as well.
+const (
+	MariaDBUser     = "dlock"
+	MariaDBPassword = "dlock"
+	MariaDBDatabase = "dlock"
 )
 
 // Labels set on every container and network this package makes. Their
@@ -80,6 +92,7 @@ type StartOptions struct {
 	//              those), e.g. "--heartbeat-interval=50", "--election-timeout=500"
 	//   zookeeper: extra zoo.cfg lines, e.g. "tickTime=200"
 	//   postgres:  postgres options, e.g. "-c", "max_connections=20"
+	//   mariadb:   mariadbd options, e.g. "--max-connections=20"
 	Cmd []string
 
 	// Env adds KEY=value variables to the container. Default: none. etcd reads
@@ -330,7 +343,8 @@ func (s *Server) Close() error {
 
 // Ping runs the server's health check once: Redis PING, etcd GET /health,
 // ZooKeeper ruok and isro, PostgreSQL a startup message (no password is sent;
-// an authentication request means the server accepts connections). ctx
+// an authentication request means the server accepts connections), MariaDB
+// its greeting (read, never answered). ctx
 // bounds it; without a deadline a 2s one applies.
 func (s *Server) Ping(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {

@@ -1,5 +1,5 @@
 // Package dlocktest runs throwaway backend servers (Redis, etcd, ZooKeeper,
-// PostgreSQL) in Docker, through github.com/ory/dockertest/v3, for tests and
+// PostgreSQL, MariaDB) in Docker, through github.com/ory/dockertest/v3, for tests and
 // benchmarks of dlock and of third-party drivers, and breaks them on purpose:
 // pause, kill, start again.
 //
@@ -52,12 +52,13 @@
 //
 // # External servers
 //
-// When DLOCK_REDIS_ADDR, DLOCK_ETCD_ADDR, DLOCK_ZOOKEEPER_ADDR or
-// DLOCK_POSTGRES_ADDR is set to a host:port, [Start] returns a [Server] for
+// When DLOCK_REDIS_ADDR, DLOCK_ETCD_ADDR, DLOCK_ZOOKEEPER_ADDR,
+// DLOCK_POSTGRES_ADDR or DLOCK_MARIADB_ADDR is set to a host:port, [Start] returns a [Server] for
 // that address instead of starting a container, and its fault methods return
 // [ErrNotControllable]. Tests write, delete and flush data freely: point these
 // variables only at throwaway servers. An external PostgreSQL must accept
-// [PostgresUser] with [PostgresPassword].
+// [PostgresUser] with [PostgresPassword], an external MariaDB [MariaDBUser]
+// with [MariaDBPassword] on [MariaDBDatabase].
 //
 // # Tests
 //

@@ -253,6 +253,8 @@ func containerPort(kind Kind) string {
 		return "2181/tcp"
 	case Postgres:
 		return "5432/tcp"
+	case MariaDB:
+		return "3306/tcp"
 	default:
 		return "6379/tcp"
 	}

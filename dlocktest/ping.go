@@ -27,6 +27,8 @@ func ping(ctx context.Context, kind Kind, addr string) error {
 		return pingZooKeeper(ctx, addr, "isro", "rw")
 	case Postgres:
 		return pingPostgres(ctx, addr)
+	case MariaDB:
+		return pingMariaDB(ctx, addr)
 	default:
 		return pingRedis(ctx, addr)
 	}
@@ -158,5 +160,42 @@ func pingPostgres(ctx context.Context, addr string) error {
 		return nil
 	default:
 		return fmt.Errorf("postgres startup: unexpected message %q", hdr[0])
+	}
+}
+
+// pingMariaDB reads the server's greeting, as mysqladmin ping's connection
+// does before it authenticates: a handshake packet (protocol version 10)
+// means the server accepts connections; an error packet (0xff: too many
+// connections, host blocked, shutting down) that it does not. Nothing is
+// sent.
+func pingMariaDB(ctx context.Context, addr string) error {
+	conn, err := dial(ctx, addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var hdr [4]byte // 3-byte little-endian length, sequence number
+	if _, err := io.ReadFull(conn, hdr[:]); err != nil {
+		return fmt.Errorf("mariadb greeting: %w", err)
+	}
+	n := int(hdr[0]) | int(hdr[1])<<8 | int(hdr[2])<<16
+	if n < 1 || n > 64<<10 {
+		return fmt.Errorf("mariadb greeting: bad packet length %d", n)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(conn, body); err != nil {
+		return fmt.Errorf("mariadb greeting: %w", err)
+	}
+	switch body[0] {
+	case 10:
+		return nil
+	case 0xff:
+		msg := body[1:]
+		if len(msg) > 2 {
+			msg = msg[2:] // the error code
+		}
+		return fmt.Errorf("mariadb: %s", bytes.ToValidUTF8(msg, nil))
+	default:
+		return fmt.Errorf("mariadb greeting: unexpected protocol version %d", body[0])
 	}
 }

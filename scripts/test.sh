@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command: prepares Docker (scripts/docker-setup.sh), checks gofmt and
 # go vet, then runs every test of every module in go.work (the library, the
-# tests module, cmd/dlock, examples, otel) with the race detector against
-# real servers.
+# tests module, cmd/dlock, examples, otel, mysql) with the race detector
+# against real servers.
 # DLOCK_REQUIRE_BACKENDS defaults to 1 here, so a test that cannot get its server
 # fails instead of skipping. Extra arguments go to `go test`, e.g.
 #   scripts/test.sh -run Conformance -v

@@ -1,0 +1,12 @@
+-- fence.sql: takes the next fencing token, after a grant, on the session
+-- that holds the lock.
+-- No parameters. The fence table's name (Options.FenceTable, quoted)
+-- replaces $TABLE.
+-- An autocommitted UPDATE of the table's one row: the new value is durable
+-- when the statement returns (unlike a sequence's NEXTVAL, whose write
+-- MariaDB does not flush at once: after a crash it handed out a token
+-- again). LAST_INSERT_ID(expr) hands the value back in the OK packet, with
+-- no second statement. The row lock orders the tokens: a token is taken
+-- after the lock is, so it is larger than every earlier holder's, which
+-- were taken before they let go.
+UPDATE $TABLE SET n = LAST_INSERT_ID(n + 1) WHERE id = 1
