@@ -15,6 +15,8 @@
 // The driver was written from outside dlock's tree, on its public packages
 // only (dlock, dlock/driver, dlock/conformance and dlocktest), as a
 // seventh backend's author would; README.md beside it says what that took.
+// Its server tests are in the module mysql/tests, which keeps the Docker
+// harness out of this module's requirements.
 //
 // # URLs
 //

@@ -1,4 +1,4 @@
-package mysql_test
+package tests_test
 
 import (
 	"context"
