@@ -113,6 +113,13 @@ func newDriver(client goredis.UniversalClient, opts *Options, ownsClient bool) *
 	}
 	d.hub = redishub.New(client, "redis", routeGrant)
 	d.grants = d.prefix + "grants:" + newID()
+	if !d.compat {
+		// The grant channel is this Locker's alone: the hub's probe that
+		// its pub/sub connection is on the server the scripts run on (after
+		// a failover). The compat layout subscribes no channel of its own
+		// (an application's ACL may allow it none), and its waiters poll.
+		d.hub.SetProbe(d.grants)
+	}
 	d.defaults = o.Defaults
 	return d
 }

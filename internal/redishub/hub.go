@@ -30,6 +30,15 @@ const (
 	maxBackoff = time.Second
 )
 
+// probeEvery is how often a hub with a probe channel (SetProbe) checks,
+// while any waiter watches, that its subscriptions are on the server the
+// client's commands reach; maxProbeEvery bounds its back-off after a probe
+// ended an epoch (a setup where the check can never pass does not churn).
+const (
+	probeEvery    = time.Second
+	maxProbeEvery = time.Minute
+)
+
 // defaultPingIdle is how long a subscribed connection may stay silent before
 // the receive loop sends a PING to learn whether it is still alive.
 const defaultPingIdle = 10 * time.Second
@@ -68,6 +77,13 @@ const (
 // and confirmations per channel and epoch keeps a subscribe, unsubscribe,
 // subscribe sequence from looking confirmed before its last reply.
 //
+// A connection can also be alive and subscribed on the wrong server: after a
+// Sentinel failover a go-redis failover client sends its commands (and so
+// the scripts' PUBLISH) to the promoted master at once, while its pub/sub
+// connection stays on the old master, which hears none of them until
+// Sentinel demotes it (some 10s later). A hub given a probe channel
+// (SetProbe) checks for that; see there.
+//
 // go-redis reconnects and resubscribes a PubSub by itself; the hub does not
 // rely on that, because it cannot tell which confirmations the new connection
 // will bring. It starts each epoch on a PubSub of its own instead.
@@ -78,6 +94,7 @@ type Hub struct {
 	confirmTimeout time.Duration
 	linger         time.Duration // zero: unsubscribe as soon as the last waiter leaves
 	pingIdle       time.Duration // silence after which the connection is pinged
+	probe          string        // SetProbe's channel; "": no probe
 
 	mu          sync.Mutex
 	started     bool
@@ -95,6 +112,11 @@ type Hub struct {
 	lastHeard   time.Time             // last reply this epoch
 	lingering   int                   // channels with lingerUntil set
 	lingerTimer *time.Timer           // wakes the writer to drop lingering channels
+	waiters     int                   // watches but probeX
+	probeX      *Watcher              // the hub's own watch of probe, while waiters > 0
+	probeGen    uint64                // counts UNSUBSCRIBEs of probe
+	probeEvery  time.Duration         // the probe's period, backed off after a failure
+	nextProbe   time.Time             // when the probe is due
 
 	kick   chan struct{} // 1-buffered: the writer has work
 	active chan struct{} // 1-buffered: the receive loop has something to read
@@ -142,6 +164,7 @@ func New(client goredis.UniversalClient, name string, route func(payload string)
 	h.confirmTimeout = confirmTimeout(client)
 	h.linger = defaultLinger
 	h.pingIdle = defaultPingIdle
+	h.probeEvery = probeEvery
 	h.chans = map[string]*watched{}
 	h.dirty = map[*watched]struct{}{}
 	h.broken = make(chan struct{})
@@ -155,6 +178,22 @@ func New(client goredis.UniversalClient, name string, route func(payload string)
 // left (default 2s; zero: unsubscribe at once). Call it before the first
 // Watch.
 func (h *Hub) SetLinger(d time.Duration) { h.linger = d }
+
+// SetProbe makes channel, a name no other hub subscribes to, the hub's
+// probe: while any waiter watches, the hub keeps it subscribed too and, every
+// second, asks the server the client's commands reach how many subscribers
+// it has (PUBSUB NUMSUB, one round trip). None means the pub/sub connection
+// is on another server than the one where the scripts PUBLISH (a failover
+// client after a failover, a DNS name moved to a new primary): the epoch
+// ends, the new connection is made to where the commands go, and every
+// waiter looks again at once and again once subscribed there. It applies to
+// a *goredis.Client only (a Redis Cluster delivers PUBLISH to every node,
+// and NUMSUB counts one node's subscribers). Call it before the first Watch.
+func (h *Hub) SetProbe(channel string) {
+	if _, ok := h.client.(*goredis.Client); ok {
+		h.probe = channel
+	}
+}
 
 // confirmTimeout is how long the pub/sub connection may leave a SUBSCRIBE or
 // PING unanswered: the client's read timeout (3s by default).
@@ -208,21 +247,12 @@ func (h *Hub) Watch(ctx context.Context, channel, key string, notify func(payloa
 		go h.writeLoop()
 		go h.receiveLoop()
 	}
-	w := h.chans[channel]
-	if w == nil {
-		w = &watched{name: channel, waiters: map[*Watcher]struct{}{}, keys: map[string]*Watcher{}, ready: make(chan struct{})}
-		h.chans[channel] = w
+	if h.probe != "" && h.waiters == 0 {
+		h.probeX = h.add(h.probe, "", func(string, bool) {})
 	}
-	x := &Watcher{h: h, w: w, key: key, notify: notify}
-	w.waiters[x] = struct{}{}
-	if key != "" {
-		w.keys[key] = x
-	}
-	h.stopLinger(w)
-	if len(w.waiters) == 1 {
-		h.markDirty(w)
-	}
-	ready, broken := w.ready, h.broken
+	h.waiters++
+	x := h.add(channel, key, notify)
+	ready, broken := x.w.ready, h.broken
 	h.mu.Unlock()
 
 	select {
@@ -240,9 +270,38 @@ func (h *Hub) Watch(ctx context.Context, channel, key string, notify func(payloa
 	}
 }
 
+// add registers a watch of channel; h.mu held.
+func (h *Hub) add(channel, key string, notify func(payload string, message bool)) *Watcher {
+	w := h.chans[channel]
+	if w == nil {
+		w = &watched{name: channel, waiters: map[*Watcher]struct{}{}, keys: map[string]*Watcher{}, ready: make(chan struct{})}
+		h.chans[channel] = w
+	}
+	x := &Watcher{h: h, w: w, key: key, notify: notify}
+	w.waiters[x] = struct{}{}
+	if key != "" {
+		w.keys[key] = x
+	}
+	h.stopLinger(w)
+	if len(w.waiters) == 1 {
+		h.markDirty(w)
+	}
+	return x
+}
+
 func (h *Hub) unwatch(x *Watcher) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.remove(x)
+	h.waiters--
+	if h.waiters == 0 && h.probeX != nil {
+		h.remove(h.probeX)
+		h.probeX = nil
+	}
+}
+
+// remove ends watch x; h.mu held.
+func (h *Hub) remove(x *Watcher) {
 	w := x.w
 	delete(w.waiters, x)
 	if x.key != "" && w.keys[x.key] == x {
@@ -352,6 +411,9 @@ func (h *Hub) flush() error {
 			h.subscribed++
 		case !want && w.subscribed:
 			unsubs = append(unsubs, w.name)
+			if w.name == h.probe {
+				h.probeGen++
+			}
 			w.subscribed = false
 			w.pending++
 			h.subscribed--
@@ -433,7 +495,15 @@ func (h *Hub) receiveLoop() {
 			}
 			continue
 		}
-		msg, err := ps.ReceiveTimeout(h.ctx, ReadWake)
+		wake := ReadWake
+		if h.probe != "" {
+			next, ended := h.runProbe(epoch)
+			if ended {
+				continue
+			}
+			wake = min(wake, next)
+		}
+		msg, err := ps.ReceiveTimeout(h.ctx, wake)
 		if err == nil {
 			retry.Reset()
 			h.received(epoch, msg)
@@ -513,6 +583,48 @@ func (w *watched) wake(payload string, message bool) {
 	for x := range w.waiters {
 		x.notify(payload, message)
 	}
+}
+
+// runProbe runs the probe (see SetProbe) if it is due in epoch, ending the
+// epoch if it fails (ended), and returns how long until it is due again
+// (ReadWake when it cannot run now).
+func (h *Hub) runProbe(epoch uint64) (next time.Duration, ended bool) {
+	h.mu.Lock()
+	w := h.chans[h.probe]
+	now := time.Now()
+	if h.closed || epoch != h.epoch || h.probeX == nil || w == nil || !w.isReady {
+		h.mu.Unlock()
+		return ReadWake, false
+	}
+	if wait := h.nextProbe.Sub(now); wait > 0 {
+		h.mu.Unlock()
+		return wait, false
+	}
+	gen := h.probeGen
+	h.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(h.ctx, h.confirmTimeout)
+	n, err := h.client.PubSubNumSub(ctx, h.probe).Result()
+	cancel()
+
+	h.mu.Lock()
+	stale := h.closed || epoch != h.epoch || gen != h.probeGen
+	failed := err == nil && !stale && n[h.probe] == 0
+	switch {
+	case failed:
+		h.probeEvery = min(2*h.probeEvery, maxProbeEvery)
+	case err == nil && !stale:
+		h.probeEvery = probeEvery
+	}
+	// A probe that could not tell (an error, or the connection or the
+	// probe's subscription changed meanwhile) is tried again at the period.
+	h.nextProbe = time.Now().Add(h.probeEvery)
+	every := h.probeEvery
+	h.mu.Unlock()
+	if failed && h.endEpoch(epoch) {
+		return every, true
+	}
+	return every, false
 }
 
 // check runs when a read timed out: it ends the epoch if an answer is
