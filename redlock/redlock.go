@@ -19,6 +19,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -400,15 +401,37 @@ func (d *driver) watch(ctx context.Context, name, id string, px int64) (*release
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x, err := nd.hub.Watch(wctx, channel, rw.id, func(p string, message bool) { rw.notify(i, p, message) })
-			if err == nil {
-				mu.Lock()
-				watchers = append(watchers, x)
-				mu.Unlock()
-			} else {
-				err = fmt.Errorf("%s: %w", nd.name, err)
+			notify := func(p string, message bool) { rw.notify(i, p, message) }
+			// The first outcome counts toward the quorum; a node whose
+			// watch failed (its pub/sub connection broke before the
+			// subscription was confirmed) is watched again until it works
+			// or the watch stops: without that, the waiter would go
+			// unsubscribed there for the rest of its wait, deaf to that
+			// node's hand-offs (and the node drops tickets nobody hears).
+			retry := backoff.Backoff{Min: watchRetryMin, Max: watchRetryMax}
+			for first := true; ; first = false {
+				x, err := nd.hub.Watch(wctx, channel, rw.id, notify)
+				if err == nil {
+					mu.Lock()
+					watchers = append(watchers, x)
+					mu.Unlock()
+				}
+				if first {
+					if err != nil {
+						results <- fmt.Errorf("%s: %w", nd.name, err)
+					} else {
+						results <- nil
+					}
+				} else if err == nil {
+					// A release may have gone unheard meanwhile, and the
+					// node may have dropped the ticket: look again, which
+					// registers it there.
+					rw.notify(i, "", false)
+				}
+				if err == nil || errors.Is(err, dlock.ErrClosed) || !retry.Sleep(wctx) {
+					return
+				}
 			}
-			results <- err
 		}()
 	}
 	var once sync.Once
