@@ -1,0 +1,121 @@
+package redlock_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/redlock"
+	"github.com/dlock/dlock/tests/internal/testutil"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// scriptErrors counts the scripts that failed on one client (a timeout, a
+// broken connection) while counting is on: the event a test waits for
+// before it heals a fault, so that it heals after the request met it.
+type scriptErrors struct {
+	on     *atomic.Bool
+	failed atomic.Int64
+}
+
+func (h *scriptErrors) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *scriptErrors) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+func (h *scriptErrors) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		err := next(ctx, cmd)
+		if name := cmd.Name(); err != nil && h.on.Load() && (name == "evalsha" || name == "eval") {
+			h.failed.Add(1)
+		}
+		return err
+	}
+}
+
+// A release that some nodes did not answer (partitioned: the requests time
+// out) asks them again, and deletes the lock there once they can be
+// reached: short of a majority, Release succeeds then, and a contender
+// takes the lock at once instead of after the TTL; with a majority, it
+// returns, and the minority is freed in the background.
+func TestReleaseRetriesNodes(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	for _, tc := range []struct {
+		name string
+		cut  []int
+	}{
+		{"majority", []int{1, 2}},
+		{"minority", []int{2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testReleaseRetriesNodes(t, c, tc.cut) })
+	}
+}
+
+func testReleaseRetriesNodes(t *testing.T, c *cluster, cut []int) {
+	ctx := testutil.Ctx(t)
+	clients, ps := c.proxied(t)
+	var on atomic.Bool
+	hooks := make([]*scriptErrors, len(clients))
+	for i, cl := range clients {
+		hooks[i] = &scriptErrors{on: &on}
+		cl.AddHook(hooks[i])
+	}
+	const ttl = 20 * time.Second
+	l := newLocker(t, clients, &redlock.Options{NodeTimeout: nodeTimeout, Defaults: dlock.Options{TTL: ttl}})
+	contender := newLocker(t, c.clients(t), &redlock.Options{NodeTimeout: nodeTimeout})
+	name := "release-retry-" + testutil.RandomHex(4)
+	ls, err := l.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := c.holders(t, lockKey(name), ls.Token()); n != 3 {
+		t.Fatalf("the lock is on %d of 3 nodes, want 3", n)
+	}
+
+	for _, i := range cut {
+		ps[i].Blackhole()
+	}
+	on.Store(true)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- ls.Release(ctx) }()
+	// Heal once the release's requests to the cut nodes have timed out.
+	eventually(t, nodeTimeout+slack(t), "the release timed out on the cut nodes", func() bool {
+		for _, i := range cut {
+			if hooks[i].failed.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, i := range cut {
+		ps[i].Heal()
+	}
+	var rerr error
+	select {
+	case rerr = <-done:
+	case <-time.After(live(t, 5*time.Second)):
+		t.Fatal("Release did not return within 5s of the heal")
+	}
+	t.Logf("released in %v", time.Since(start))
+	if rerr != nil {
+		t.Fatalf("Release with the cut nodes back: %v", rerr)
+	}
+	eventually(t, live(t, 5*time.Second), "the lock deleted on every node", func() bool {
+		return c.holders(t, lockKey(name), ls.Token()) == 0
+	})
+	// Well before the TTL: nothing is left in the contender's way.
+	if took := time.Since(start); took > ttl/2 {
+		t.Fatalf("the lock was left for %v, half the TTL", took)
+	}
+	other, err := contender.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatalf("TryAcquire after the release, %v before the TTL ran out: %v", ttl-time.Since(start), err)
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
