@@ -2,6 +2,8 @@ package redlock_test
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -118,4 +120,79 @@ func testReleaseRetriesNodes(t *testing.T, c *cluster, cut []int) {
 	if err := other.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A release's retries run the token-checked script: a node whose lock
+// expired and was taken by another while it could not be reached is left
+// to its new owner.
+func TestReleaseRetryKeepsNewOwner(t *testing.T) {
+	ctx := testutil.Ctx(t)
+	c := newCluster(t, 3, nil)
+	clients, ps := c.proxied(t)
+	var on atomic.Bool
+	hooks := make([]*scriptErrors, len(clients))
+	for i, cl := range clients {
+		hooks[i] = &scriptErrors{on: &on}
+		cl.AddHook(hooks[i])
+	}
+	const ttl = 4 * time.Second
+	l := newLocker(t, clients, &redlock.Options{NodeTimeout: nodeTimeout, Defaults: dlock.Options{TTL: ttl, NoRefresh: true}})
+	contender := newLocker(t, c.clients(t), &redlock.Options{NodeTimeout: nodeTimeout})
+	name := "release-owner-" + testutil.RandomHex(4)
+	ls, err := l.TryAcquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Release three quarters of a TTL in: its retries may go on until a
+	// TTL after it began, for 3s past the lock's expiry (unrefreshed) on
+	// the cut nodes, time for the contender to take them and the heal to
+	// come.
+	time.Sleep(ttl * 3 / 4)
+	ps[1].Blackhole()
+	ps[2].Blackhole()
+	on.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- ls.Release(ctx) }()
+	eventually(t, nodeTimeout+slack(t), "the release timed out on nodes 1 and 2", func() bool {
+		return hooks[1].failed.Load() > 0 && hooks[2].failed.Load() > 0
+	})
+	// Node 0 was released; 1 and 2 expire: the contender takes them (a
+	// majority of the three, or all).
+	other, err := contender.Acquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := holding(t, c, lockKey(name), other.Token())
+	if !slices.Contains(owned, 1) && !slices.Contains(owned, 2) {
+		t.Fatalf("the contender holds nodes %v, neither of the cut ones", owned)
+	}
+	ps[1].Heal()
+	ps[2].Heal()
+	// Release returns once nodes 1 and 2 answer: they no longer hold its
+	// token (the lost first answers could have been deletions).
+	if err := <-done; err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if after := holding(t, c, lockKey(name), other.Token()); !slices.Equal(after, owned) {
+		t.Fatalf("the contender's lock is on nodes %v after the release's retries, was on %v", after, owned)
+	}
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holding lists the nodes on which key holds value.
+func holding(t testing.TB, c *cluster, key, value string) []int {
+	t.Helper()
+	var on []int
+	for i, r := range c.raws {
+		v, err := r.Get(context.Background(), key).Result()
+		if err != nil && !errors.Is(err, goredis.Nil) {
+			t.Fatalf("GET %s on node %d: %v", key, i, err)
+		}
+		if err == nil && v == value {
+			on = append(on, i)
+		}
+	}
+	return on
 }
