@@ -19,6 +19,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/internal/backoff"
 	"github.com/dlock/dlock/internal/redishub"
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -148,6 +149,7 @@ func newDriver(clients []goredis.UniversalClient, opts *Options, ownsClients boo
 		gone:        map[string]goneWait{},
 		waits:       map[string]*wait{},
 		held:        map[string]*handle{},
+		quit:        make(chan struct{}),
 	}
 	if d.prefix == "" && !d.compat {
 		d.prefix = DefaultKeyPrefix
@@ -220,7 +222,10 @@ type driver struct {
 
 	// bg counts the requests still running after the call that made them
 	// returned (a majority had decided): each is bounded by the node timeout.
-	bg sync.WaitGroup
+	// A release's retries of the nodes that did not answer (see
+	// releaseLater) also run under it, until Close closes quit.
+	bg   sync.WaitGroup
+	quit chan struct{}
 }
 
 // node is one Redis master.
@@ -400,15 +405,37 @@ func (d *driver) watch(ctx context.Context, name, id string, px int64) (*release
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x, err := nd.hub.Watch(wctx, channel, rw.id, func(p string, message bool) { rw.notify(i, p, message) })
-			if err == nil {
-				mu.Lock()
-				watchers = append(watchers, x)
-				mu.Unlock()
-			} else {
-				err = fmt.Errorf("%s: %w", nd.name, err)
+			notify := func(p string, message bool) { rw.notify(i, p, message) }
+			// The first outcome counts toward the quorum; a node whose
+			// watch failed (its pub/sub connection broke before the
+			// subscription was confirmed) is watched again until it works
+			// or the watch stops: without that, the waiter would go
+			// unsubscribed there for the rest of its wait, deaf to that
+			// node's hand-offs (and the node drops tickets nobody hears).
+			retry := backoff.Backoff{Min: watchRetryMin, Max: watchRetryMax}
+			for first := true; ; first = false {
+				x, err := nd.hub.Watch(wctx, channel, rw.id, notify)
+				if err == nil {
+					mu.Lock()
+					watchers = append(watchers, x)
+					mu.Unlock()
+				}
+				if first {
+					if err != nil {
+						results <- fmt.Errorf("%s: %w", nd.name, err)
+					} else {
+						results <- nil
+					}
+				} else if err == nil {
+					// A release may have gone unheard meanwhile, and the
+					// node may have dropped the ticket: look again, which
+					// registers it there.
+					rw.notify(i, "", false)
+				}
+				if err == nil || errors.Is(err, dlock.ErrClosed) || !retry.Sleep(wctx) {
+					return
+				}
 			}
-			results <- err
 		}()
 	}
 	var once sync.Once
@@ -448,6 +475,9 @@ func (d *driver) watch(ctx context.Context, name, id string, px int64) (*release
 
 func (d *driver) Close() error {
 	d.wmu.Lock()
+	if !d.closing {
+		close(d.quit) // no more retries of releases in the background
+	}
 	d.closing = true // no more hand-offs passed on
 	d.wmu.Unlock()
 	d.bg.Wait() // bounded by the node timeout
@@ -645,11 +675,30 @@ func (h *handle) timeout() time.Duration {
 	return h.d.timeout(h.ttl)
 }
 
+// releaseRetryMin and releaseRetryMax bound the pause before a release asks
+// again a node that did not answer.
+const (
+	releaseRetryMin = 20 * time.Millisecond
+	releaseRetryMax = 500 * time.Millisecond
+)
+
 // Release runs the compare-and-delete script on every node (each after that
 // node's part of the acquisition is over, so that a late grant is not left
 // behind), waiting for every node up to the node timeout. It succeeds when
 // the lock has been deleted from a majority (counting nodes where an earlier
 // try deleted it), and reports ErrNotHeld when a majority no longer held it.
+//
+// The nodes that did not answer (a timeout, a broken connection) are asked
+// again, after a backoff, until a majority has decided, ctx ends or the TTL
+// has passed since the release began (the lock has then expired wherever
+// it was left): a release short of a majority would otherwise leave the
+// lock in everyone's way until it expires. Those still unanswered once a
+// majority decided are asked again in the background, within the same
+// bound (and until Close), so that a minority does not keep the lock
+// either. Every try is the token-checked script: it never deletes a lock
+// that is not this lease's. A node that did not answer and then answers
+// that it does not hold the lock counts as released: the lost answer may
+// have been its deletion.
 func (h *handle) Release(ctx context.Context) error {
 	defer h.end()
 	d := h.d
@@ -657,6 +706,7 @@ func (h *handle) Release(ctx context.Context) error {
 	timeout := h.timeout()
 	h.mu.Lock()
 	done := slices.Clone(h.released)
+	until := time.Now().Add(h.ttl)
 	h.mu.Unlock()
 	type result struct {
 		deleted bool
@@ -698,13 +748,13 @@ func (h *handle) Release(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	var deleted, notHeld int
-	var errs []error
+	var deleted, gone, notHeld int
+	var failed []int
 	h.mu.Lock()
 	for i, r := range results {
 		switch {
 		case r.err != nil:
-			errs = append(errs, r.err)
+			failed = append(failed, i)
 		case r.deleted:
 			deleted++
 			h.released[i] = true
@@ -713,14 +763,98 @@ func (h *handle) Release(ctx context.Context) error {
 		}
 	}
 	h.mu.Unlock()
+	retry := backoff.Backoff{Min: releaseRetryMin, Max: releaseRetryMax}
+	for len(failed) > 0 && deleted+gone < q && notHeld <= n-q && pause(ctx.Done(), retry.Next(), until) {
+		for _, i := range failed {
+			nd := d.nodes[i]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				nctx, cancel := nodeCtx(ctx, min(timeout, time.Until(until)), false)
+				defer cancel()
+				results[i].deleted, results[i].err = nd.releaseIn(nctx, h.keys, h.token, true)
+			}()
+		}
+		wg.Wait()
+		left := failed[:0]
+		h.mu.Lock()
+		for _, i := range failed {
+			switch r := results[i]; {
+			case r.err != nil:
+				left = append(left, i)
+			case r.deleted:
+				deleted++
+				h.released[i] = true
+			default:
+				gone++
+			}
+		}
+		h.mu.Unlock()
+		failed = left
+	}
+	var errs []error
+	for _, i := range failed {
+		errs = append(errs, results[i].err)
+	}
+	h.releaseLater(failed, until)
 	switch {
-	case deleted >= q:
+	case deleted+gone >= q:
 		return nil
 	case notHeld > n-q:
 		return fmt.Errorf("%w: redlock: %d of %d nodes no longer held %q for this lease", dlock.ErrNotHeld, notHeld, n, h.keys[0])
 	}
 	return fmt.Errorf("%w: releasing %q: deleted on %d of %d nodes, %d did not hold it, %d failed: %w",
-		ErrNoQuorum, h.keys[0], deleted, n, notHeld, len(errs), errors.Join(errs...))
+		ErrNoQuorum, h.keys[0], deleted+gone, n, notHeld, len(errs), errors.Join(errs...))
+}
+
+// releaseLater asks the nodes again, in the background, until each has
+// answered, until passes (the lock has expired there by then) or the
+// driver closes.
+func (h *handle) releaseLater(nodes []int, until time.Time) {
+	d := h.d
+	timeout := h.timeout()
+	for _, i := range nodes {
+		nd := d.nodes[i]
+		d.bg.Add(1)
+		go func() {
+			defer d.bg.Done()
+			select {
+			case <-h.acquired[i]: // bounded by the node timeout
+			case <-d.quit:
+				return
+			}
+			retry := backoff.Backoff{Min: releaseRetryMin, Max: releaseRetryMax}
+			for pause(d.quit, retry.Next(), until) {
+				nctx, cancel := nodeCtx(context.Background(), min(timeout, time.Until(until)), true)
+				deleted, err := nd.releaseIn(nctx, h.keys, h.token, true)
+				cancel()
+				if err == nil {
+					if deleted {
+						h.mu.Lock()
+						h.released[i] = true
+						h.mu.Unlock()
+					}
+					return
+				}
+			}
+		}()
+	}
+}
+
+// pause waits for d, and reports whether it did, with time left before
+// until: false, at once, if stop is closed first or d would reach until.
+func pause(stop <-chan struct{}, d time.Duration, until time.Time) bool {
+	if !time.Now().Add(d).Before(until) {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // Held reads the lock key on every node: true once a majority holds the

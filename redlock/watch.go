@@ -29,6 +29,14 @@ const (
 	fallbackMax = 16 * fallbackMin
 )
 
+// watchRetryMin and watchRetryMax bound the pause before a waiter watches
+// again a node whose watch failed (see driver.watch). Each attempt waits
+// for the node's pub/sub connection, which the hub re-dials on its own.
+const (
+	watchRetryMin = 50 * time.Millisecond
+	watchRetryMax = 2 * time.Second
+)
+
 // queueTTL is how long a waiters' queue outlives its last registration, so
 // that tickets that nobody removed (their Locker died) do not stay forever.
 const queueTTL = time.Minute
