@@ -689,13 +689,13 @@ const (
 // try deleted it), and reports ErrNotHeld when a majority no longer held it.
 //
 // The nodes that did not answer (a timeout, a broken connection) are asked
-// again, after a backoff, until a majority has decided, ctx ends or the TTL
-// has passed since the release began (the lock has then expired wherever
-// it was left): a release short of a majority would otherwise leave the
-// lock in everyone's way until it expires. Those still unanswered once a
-// majority decided are asked again in the background, within the same
-// bound (and until Close), so that a minority does not keep the lock
-// either. Every try is the token-checked script: it never deletes a lock
+// again, after a backoff, until a majority has decided, ctx ends or three
+// node timeouts have passed since the release began: a release short of a
+// majority would otherwise leave the lock in everyone's way until it
+// expires. Those still unanswered when Release returns are asked again in
+// the background until the TTL has passed since the release began (the
+// lock has then expired wherever it was left) or Close, so that neither a
+// minority nor a majority that came back late keeps the lock. Every try is the token-checked script: it never deletes a lock
 // that is not this lease's. A node that did not answer and then answers
 // that it does not hold the lock counts as released: the lost answer may
 // have been its deletion.
@@ -706,7 +706,13 @@ func (h *handle) Release(ctx context.Context) error {
 	timeout := h.timeout()
 	h.mu.Lock()
 	done := slices.Clone(h.released)
-	until := time.Now().Add(h.ttl)
+	// until bounds every retry: the lock has expired wherever it was left
+	// by then. The caller waits for retries up to three node timeouts at
+	// most (and its ctx), so that a majority down does not hold Release
+	// (or Close) for a whole TTL; the background goes on to until.
+	start := time.Now()
+	until := start.Add(h.ttl)
+	wait := start.Add(min(h.ttl, 3*timeout))
 	h.mu.Unlock()
 	type result struct {
 		deleted bool
@@ -764,13 +770,13 @@ func (h *handle) Release(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 	retry := backoff.Backoff{Min: releaseRetryMin, Max: releaseRetryMax}
-	for len(failed) > 0 && deleted+gone < q && notHeld <= n-q && pause(ctx.Done(), retry.Next(), until) {
+	for len(failed) > 0 && deleted+gone < q && notHeld <= n-q && pause(ctx.Done(), retry.Next(), wait) {
 		for _, i := range failed {
 			nd := d.nodes[i]
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				nctx, cancel := nodeCtx(ctx, min(timeout, time.Until(until)), false)
+				nctx, cancel := nodeCtx(ctx, min(timeout, time.Until(wait)), false)
 				defer cancel()
 				results[i].deleted, results[i].err = nd.releaseIn(nctx, h.keys, h.token, true)
 			}()
