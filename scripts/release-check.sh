@@ -73,4 +73,7 @@ app() {
 # what it must not hold.
 app app-redis "$max_graph" github.com/dlock/dlock github.com/dlock/dlock/redis
 app app-redis-otel 0 github.com/dlock/dlock github.com/dlock/dlock/redis github.com/dlock/dlock/otel
+# The third-party-style driver in a module of its own: its server tests'
+# harness (the module mysql/tests) must not reach its users.
+app app-mysql "$max_graph" github.com/dlock/dlock github.com/dlock/dlock/mysql
 echo "release-check: ok ($version of $(git rev-parse --short "$rev"))"

@@ -51,11 +51,12 @@ go tool staticcheck $(go list "$all" | grep -v '^github.com/dlock/dlock/internal
 # also compiles std and the dependencies with it (~3 min on 2 cores), later
 # runs take ~3s. A newcomer's run skips it (CI=true turns it on) so that a
 # fresh machine's first run does not grow by those minutes.
-# It covers what applications build: the library module and otel (the
-# tooling modules would add minutes of compiling Docker's client for it).
+# It covers what applications build: the library module, otel and the
+# mysql driver (the tooling modules would add minutes of compiling Docker's
+# client for it).
 if [ "${CI:-}" = true ] || [ "${DLOCK_CHECK_MIN_GO:-}" = 1 ]; then
   min_go="go$(sed -n 's/^go //p' go.mod)"
-  lib=(./... github.com/dlock/dlock/otel/...)
+  lib=(./... github.com/dlock/dlock/otel/... github.com/dlock/dlock/mysql)
   step "GOTOOLCHAIN=$min_go go build ${lib[*]} && go vet ${lib[*]}"
   GOTOOLCHAIN="$min_go" go build "${lib[@]}"
   GOTOOLCHAIN="$min_go" go vet "${lib[@]}"
