@@ -66,6 +66,7 @@ type Proxy struct {
 	cancel context.CancelFunc
 
 	latency atomic.Int64 // time.Duration applied to chunks read from now on
+	sent    atomic.Int64 // bytes read from clients, see Sent
 
 	mu         sync.Mutex
 	links      map[*link]struct{} // open connections; a link leaves it when killed or done
@@ -169,6 +170,13 @@ func (p *Proxy) Reset() {
 func (p *Proxy) SetLatency(d time.Duration) {
 	p.latency.Store(int64(max(d, 0)))
 }
+
+// Sent returns how many bytes the proxy has read from its clients, on every
+// connection, since Listen. Once it has grown past a request's bytes, the
+// request is inside the proxy with the latency it was read with, and a
+// SetLatency that follows applies to later traffic only: a test can delay
+// one request and nothing after it.
+func (p *Proxy) Sent() int64 { return p.sent.Load() }
 
 // Conns returns the number of currently open proxied connections: accepted,
 // and neither closed by an end nor killed by a fault or Close. Reset, Heal and
@@ -359,6 +367,9 @@ func (p *Proxy) read(l *link, src *net.TCPConn, q chan<- chunk) {
 	for {
 		n, err := src.Read(buf)
 		due := time.Now().Add(time.Duration(p.latency.Load()))
+		if n > 0 && src == l.client {
+			p.sent.Add(int64(n)) // after due is fixed: see Sent
+		}
 		if n > 0 {
 			select {
 			case q <- chunk{data: bytes.Clone(buf[:n]), due: due}:

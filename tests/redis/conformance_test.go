@@ -28,6 +28,7 @@ func (h harness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker
 	p := faultnet.ListenT(t, h.addr)
 	c := goredis.NewClient(&goredis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
+	connect(t, c)
 	o := &redis.Options{Compat: h.compat}
 	if defaults != nil {
 		o.Defaults = *defaults
@@ -135,4 +136,19 @@ func TestConformance(t *testing.T) { runConformance(t, false, conformance.Config
 
 func TestConformanceCompat(t *testing.T) {
 	runConformance(t, true, conformance.Config{Chaos: 10 * time.Second})
+}
+
+// connect opens c's first connection before the suite uses it, as an
+// application's long-lived client has one: a fresh client's first request
+// dials through the proxy and Docker's port forwarding and does the RESP
+// handshake, which beside two busy loops took most of the suite's 500ms TTL
+// (a reader's grant came back 775ms after its request, expired). A client
+// that cannot connect fails the test as the harness's fault.
+func connect(t testing.TB, c goredis.UniversalClient) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("harness: connecting a client through its proxy: %v", err)
+	}
 }

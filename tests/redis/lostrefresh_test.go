@@ -59,14 +59,25 @@ func TestRefreshAfterDeclaredLossDoesNotExtend(t *testing.T) {
 	// lease lost, while the key, whose TTL runs from when the server saw
 	// the acquisition, still holds the lease's token (the drift margin,
 	// TTL/100 + 2ms, is that window; the refresh aims at its middle).
+	// Only the refresh is delayed: once it is inside the proxy, the
+	// latency goes back to 0, so that the release the Locker sends when it
+	// declares the loss is not held up too. (Healing when Done closed
+	// raced with that release: read by the proxy first, it took the
+	// refresh's 5s delay and the waiter was granted 4.99s late.)
 	p := fa.(*faultnet.Proxy)
 	vu := ls.ValidUntil()
 	window := ttl/100 + 2*time.Millisecond
+	before := p.Sent()
 	p.SetLatency(time.Until(vu) + window/2)
 	refreshed := make(chan error, 1)
 	go func() { refreshed <- ls.Refresh(ctx, 0) }()
+	for end := time.Now().Add(5 * time.Second); p.Sent() == before; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the refresh did not reach the proxy within 5s")
+		}
+	}
+	p.SetLatency(0)
 	<-ls.Done()
-	p.SetLatency(0) // the connection heals as the loss is reported
 	if !errors.Is(ls.Err(), dlock.ErrLost) {
 		t.Fatalf("the lease ended with %v, want ErrLost", ls.Err())
 	}

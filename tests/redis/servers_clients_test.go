@@ -73,6 +73,7 @@ func (h clientHarness) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.
 	p := newProxies(t, h.addrs...)
 	c := h.newClient(p.dial)
 	t.Cleanup(func() { _ = c.Close() })
+	connect(t, c)
 	o := &redis.Options{}
 	if defaults != nil {
 		o.Defaults = *defaults
