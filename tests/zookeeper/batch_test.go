@@ -237,7 +237,12 @@ func TestBatchedRefreshProbes(t *testing.T) {
 func TestBatchedRefreshReconnect(t *testing.T) {
 	srv, ctx, p := orphanSetup(t)
 	ec := &existsCounter{}
-	o := withTTL(2 * time.Second)
+	// The kept leases must outlive the reconnection: a new connection and
+	// session handshake, the watches set again and a probe. At a 2s TTL,
+	// beside two busy loops (load ~7), one of the 49 was not refreshed in
+	// time; the deleted one's check (a ValidUntil no later than a TTL past
+	// the deletion) holds at any TTL.
+	o := withTTL(4 * time.Second)
 	o.Dialer = ec.dial
 	l := connect(t, p.Addr(), o)
 	raw := rawConn(t, srv.Addr(), 10*time.Second)
