@@ -134,7 +134,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		last:    make([]acqReply, n),
 	}
 	a.h = &handle{d: d, keys: a.keys, token: req.Token, ttl: req.TTL,
-		acquired: make([]chan struct{}, n), released: make([]bool, n)}
+		acquired: make([]chan struct{}, n), released: make([]bool, n), unsure: make([]bool, n)}
 	a.announce = true
 	a.regs, a.own = d.tickets(req.Name)
 	if wait != nil {
@@ -603,7 +603,7 @@ func (d *driver) handedGrant(ctx context.Context, req dlockdriver.Request, rw *r
 		return nil, true, err
 	}
 	h := &handle{d: d, keys: d.keys(req.Name), token: rw.id, ttl: req.TTL,
-		acquired: make([]chan struct{}, n), released: make([]bool, n)}
+		acquired: make([]chan struct{}, n), released: make([]bool, n), unsure: make([]bool, n)}
 	for i := range n {
 		h.acquired[i] = make(chan struct{})
 		close(h.acquired[i])

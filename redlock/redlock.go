@@ -537,6 +537,10 @@ type handle struct {
 	mu       sync.Mutex
 	ttl      time.Duration // the last TTL asked for, for node timeouts
 	released []bool        // nodes from which the lock was deleted
+	// unsure marks the nodes a release was sent to without an answer (a
+	// timeout, a broken connection): a later "not held" from one of them
+	// may be that release's (or its background retry's) deletion.
+	unsure []bool
 
 	// A lease granted by hand-offs: hand-offs to its wait heard after the
 	// wait ended, to give back once the lease is released (see missed).
@@ -761,9 +765,12 @@ func (h *handle) Release(ctx context.Context) error {
 		switch {
 		case r.err != nil:
 			failed = append(failed, i)
+			h.unsure[i] = true
 		case r.deleted:
 			deleted++
 			h.released[i] = true
+		case h.unsure[i]:
+			gone++ // an earlier release, unanswered, may have deleted it
 		default:
 			notHeld++
 		}
