@@ -80,6 +80,10 @@ var (
 	// retries: the harness could not inject the fault, which says nothing
 	// about the backend or the driver under test.
 	ErrFault = errors.New("dlocktest: the harness could not inject the fault")
+
+	// ErrUnknownKind is returned by Start and BuildImages for a kind not in
+	// Kinds, before any call to Docker.
+	ErrUnknownKind = errors.New("dlocktest: unknown server kind")
 )
 
 // StartOptions adjust a server started by Start. A nil *StartOptions means
@@ -169,7 +173,7 @@ func (s *Server) String() string {
 // this process started.
 func Start(ctx context.Context, kind Kind, opts *StartOptions) (*Server, error) {
 	if !slices.Contains(Kinds, kind) {
-		return nil, fmt.Errorf("dlocktest: unknown kind %q (known: %v)", kind, Kinds)
+		return nil, fmt.Errorf("%w %q (known: %v)", ErrUnknownKind, kind, Kinds)
 	}
 	if opts == nil {
 		opts = &StartOptions{}

@@ -29,6 +29,9 @@
 // of its build context>, so that a build happens once per machine and again
 // only when the Dockerfile changes. Nothing is pulled: the base image must be
 // present (dlock's scripts/docker-setup.sh makes it when no registry answers).
+// [Start] builds a missing image on first use, one build at a time;
+// [BuildImages] (or `go run github.com/dlock/dlock/dlocktest/cmd/buildimages`)
+// builds them side by side beforehand, as a CI job's first step.
 //
 // # Containers
 //

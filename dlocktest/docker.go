@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,17 +108,23 @@ func imageContext(kind Kind) (fs.FS, string, error) {
 }
 
 // ensureImage builds kind's image unless its tag already exists, and returns
-// the tag.
+// the tag. Builds within the process take turns.
 func (e *dockerEngine) ensureImage(ctx context.Context, kind Kind) (string, error) {
-	ctxFS, tag, err := imageContext(kind)
-	if err != nil {
-		return "", fmt.Errorf("dlocktest: %s image context: %w", kind, err)
-	}
 	select {
 	case buildSem <- struct{}{}:
 		defer func() { <-buildSem }()
 	case <-ctx.Done():
-		return "", fmt.Errorf("dlocktest: waiting to build %s: %w", tag, ctx.Err())
+		return "", fmt.Errorf("dlocktest: waiting to build the %s image: %w", kind, ctx.Err())
+	}
+	return e.buildMissing(ctx, kind)
+}
+
+// buildMissing builds kind's image unless its tag already exists, and
+// returns the tag.
+func (e *dockerEngine) buildMissing(ctx context.Context, kind Kind) (string, error) {
+	ctxFS, tag, err := imageContext(kind)
+	if err != nil {
+		return "", fmt.Errorf("dlocktest: %s image context: %w", kind, err)
 	}
 	if ok, err := e.imageExists(tag); err != nil {
 		return "", fmt.Errorf("dlocktest: inspecting %s: %w", tag, err)
@@ -495,4 +502,32 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// BuildImages builds, all at once, the images of the given kinds (every kind
+// when none is given) that are not built yet. Start builds a missing image
+// itself, one at a time; a test run calls BuildImages first so that the
+// builds, which install each server from Debian's mirror (a minute or more
+// each on a fresh machine), overlap one another and whatever else it does
+// meanwhile. Building an image that exists costs one inspect.
+func BuildImages(ctx context.Context, kinds ...Kind) error {
+	if len(kinds) == 0 {
+		kinds = Kinds
+	}
+	for _, kind := range kinds {
+		if !slices.Contains(Kinds, kind) {
+			return fmt.Errorf("%w %q (known: %v)", ErrUnknownKind, kind, Kinds)
+		}
+	}
+	e, err := engine(ctx)
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(kinds))
+	var wg sync.WaitGroup
+	for i, kind := range kinds {
+		wg.Go(func() { _, errs[i] = e.buildMissing(ctx, kind) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

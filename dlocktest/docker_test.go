@@ -34,6 +34,33 @@ func TestBuildFailure(t *testing.T) {
 	}
 }
 
+// TestBuildImages proves that an unknown kind is refused before any call to
+// Docker, and that after BuildImages every kind's image exists under the tag
+// Start looks for.
+func TestBuildImages(t *testing.T) {
+	if err := BuildImages(t.Context(), Redis, "redsi"); !errors.Is(err, ErrUnknownKind) {
+		t.Errorf("BuildImages(redis, redsi) = %v, want ErrUnknownKind", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	if err := BuildImages(ctx); err != nil {
+		requireFailed(t, "the server images", err)
+	}
+	e, err := engine(ctx)
+	if err != nil {
+		requireFailed(t, "Docker", err)
+	}
+	for _, kind := range Kinds {
+		_, tag, err := imageContext(kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := e.imageExists(tag); err != nil || !ok {
+			t.Errorf("image %s after BuildImages: exists %v, err %v; want it", tag, ok, err)
+		}
+	}
+}
+
 // TestRetryFault proves that an engine call of a fault is retried on the
 // engine's 500 ("OCI runtime pause failed: unable to freeze"), a bounded
 // number of times, that other errors are not retried, and that what remains

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '==> %s\n' "$*" >&2; }
+step() { printf '==> %s  [%s]\n' "$*" "$(date +%T)" >&2; }
 
 step "bash scripts/docker-setup.sh"
 bash scripts/docker-setup.sh
@@ -25,6 +25,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   step "apt-get install ${missing[*]}"
   bash scripts/apt-install.sh "${missing[@]}"
 fi
+
+# The server images (one per backend, each installing its server from
+# Debian's mirror) build side by side in the background while the checks
+# below compile; the tests wait for them. On a machine that has them this
+# is one inspect per image.
+images_log=$(mktemp)
+trap 'rm -f "$images_log"' EXIT
+step "go run ./dlocktest/cmd/buildimages (in the background)"
+go run ./dlocktest/cmd/buildimages >"$images_log" 2>&1 &
+images_pid=$!
 
 step "gofmt -l ."
 unformatted=$(gofmt -l .)
@@ -79,6 +89,13 @@ if [ "${CI:-}" = true ] || [ "${DLOCK_RELEASE_CHECK:-}" = 1 ]; then
   step "bash scripts/release-check.sh"
   bash scripts/release-check.sh
 fi
+
+step "waiting for the server images"
+if ! wait "$images_pid"; then
+  cat "$images_log" >&2
+  exit 1
+fi
+cat "$images_log" >&2
 
 export DLOCK_REQUIRE_BACKENDS="${DLOCK_REQUIRE_BACKENDS:-1}"
 step "DLOCK_REQUIRE_BACKENDS=$DLOCK_REQUIRE_BACKENDS go test -race -count=1 -timeout 20m $all $*"
