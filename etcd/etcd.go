@@ -161,7 +161,9 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		}
 		h := &handle{d: d, key: k.key, value: req.Metadata, l: l}
 		if l.shared {
-			d.register(h)
+			if err := d.register(ctx, h); err != nil {
+				return nil, fmt.Errorf("etcd: acquiring %q: following the changes: %w", k.prefix, err)
+			}
 		}
 		resp, err := d.groupedTxn(ctx, k.prefix,
 			clientv3.Compare(clientv3.CreateRevision(k.prefix), "=", 0).WithPrefix(),

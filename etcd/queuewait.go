@@ -104,17 +104,20 @@ func (q *queueWait) reset(older map[string]bool, asOf int64, epoch int) {
 }
 
 // addWait registers a waiter on the queue prefix before its put: every
-// event after the put reaches it.
-func (d *driver) addWait(prefix, key string) *queueWait {
+// event after the put reaches it. It starts the watch again if it stopped
+// for idleness; ctx bounds that.
+func (d *driver) addWait(ctx context.Context, prefix, key string) (*queueWait, error) {
 	q := &queueWait{key: key, wake: make(chan struct{}, 1)}
-	r := &d.reg
-	r.mu.Lock()
-	if r.waits == nil {
-		r.waits = make(map[string][]*queueWait)
+	err := d.whileWatched(ctx, func(r *registry) {
+		if r.waits == nil {
+			r.waits = make(map[string][]*queueWait)
+		}
+		r.waits[prefix] = append(r.waits[prefix], q)
+	})
+	if err != nil {
+		return nil, err
 	}
-	r.waits[prefix] = append(r.waits[prefix], q)
-	r.mu.Unlock()
-	return q
+	return q, nil
 }
 
 // dropWait unregisters a waiter.

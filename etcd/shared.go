@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -37,6 +38,18 @@ const reapEvery = 250 * time.Millisecond
 // watchRetry bounds the pause before a broken Locker watch is set up again.
 const watchRetry = time.Second
 
+// idleWatch is how long the watch runs on after the Locker last had a lock
+// or a waiter on a shared etcd lease. It then stops, so that an idle Locker
+// is sent nothing and costs the server nothing per operation of the others
+// (every put and delete under the prefix went to every Locker's watch); the
+// next registration starts it again, at the price of one revision read.
+// An attempt's put applied after its abandonment, while the watch is
+// stopped, is not deleted at once: it goes with its etcd lease, within the
+// TTL, as with a lease per lock.
+var idleWatch atomic.Int64
+
+func init() { idleWatch.Store(int64(10 * time.Second)) }
+
 // registry is the state of a Locker's shared etcd leases and of its watch.
 type registry struct {
 	mu     sync.Mutex
@@ -53,6 +66,11 @@ type registry struct {
 	start  sync.Mutex // serialises startWatch and stopWatch
 	cancel context.CancelFunc
 	done   chan struct{}
+	// running is true from startWatch until the watch loop stops itself
+	// for idleness (or is stopped); a key or a waiter is only registered
+	// while it is true, under mu. busy is when the Locker last had one.
+	running bool
+	busy    time.Time
 
 	renew sync.Mutex // serialises renewals of a shared lease by takeShared
 }
@@ -64,13 +82,20 @@ func watchCtx(ctx context.Context) context.Context {
 }
 
 // startWatch starts the Locker's watch on the prefix, from the revision of a
-// linearizable read: every key put afterwards is seen.
+// linearizable read: every key put afterwards is seen. It does nothing
+// while the watch runs.
 func (d *driver) startWatch(ctx context.Context) error {
 	r := &d.reg
 	r.start.Lock()
 	defer r.start.Unlock()
-	if r.done != nil {
+	r.mu.Lock()
+	running := r.running
+	r.mu.Unlock()
+	if running {
 		return nil
+	}
+	if r.done != nil {
+		<-r.done // a loop that stopped for idleness is ending
 	}
 	resp, err := d.c.Get(ctx, d.prefix, clientv3.WithCountOnly())
 	if err != nil {
@@ -83,7 +108,8 @@ func (d *driver) startWatch(ctx context.Context) error {
 		return fmt.Errorf("the Locker is closed")
 	}
 	r.mu.Lock()
-	r.rev = resp.Header.Revision
+	r.rev = max(r.rev, resp.Header.Revision)
+	r.running, r.busy = true, time.Now()
 	r.mu.Unlock()
 	wctx, cancel := context.WithCancel(context.Background())
 	r.cancel, r.done = cancel, make(chan struct{})
@@ -101,6 +127,9 @@ func (d *driver) stopWatch() {
 	}
 	r.cancel()
 	<-r.done
+	r.mu.Lock()
+	r.running = false
+	r.mu.Unlock()
 }
 
 // takeShared returns the shared etcd lease of sec seconds, with at least
@@ -156,12 +185,47 @@ func (d *driver) dropShared(l *lease) {
 }
 
 // register records a lock's handle before its key is put: events on the
-// key are kept until settle knows its create revision.
-func (d *driver) register(h *handle) {
+// key are kept until settle knows its create revision. It starts the watch
+// again if it stopped for idleness; ctx bounds that.
+func (d *driver) register(ctx context.Context, h *handle) error {
+	return d.whileWatched(ctx, func(r *registry) { r.keys[h.key] = h })
+}
+
+// whileWatched calls add under r.mu while the watch runs, starting it when
+// it does not; ctx bounds the start.
+func (d *driver) whileWatched(ctx context.Context, add func(*registry)) error {
+	r := &d.reg
+	for {
+		r.mu.Lock()
+		if r.running {
+			add(r)
+			r.busy = time.Now()
+			r.mu.Unlock()
+			return nil
+		}
+		r.mu.Unlock()
+		if err := d.startWatch(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// idle stops the watch for good when the Locker has had no lock or waiter
+// on a shared etcd lease for idleWatch, and reports whether it did; the
+// watch loop calls it.
+func (d *driver) idle(now time.Time) bool {
 	r := &d.reg
 	r.mu.Lock()
-	r.keys[h.key] = h
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	if len(r.keys) > 0 || len(r.waits) > 0 {
+		r.busy = now
+		return false
+	}
+	if now.Sub(r.busy) < time.Duration(idleWatch.Load()) {
+		return false
+	}
+	r.running = false
+	return true
 }
 
 // unregister forgets a handle whose key is gone or was never put.
@@ -272,11 +336,11 @@ func (d *driver) watchLoop(ctx context.Context, done chan struct{}) {
 		r.mu.Unlock()
 		wctx, cancel := context.WithCancel(watchCtx(ctx))
 		wc := d.c.Watch(wctx, d.prefix, clientv3.WithPrefix(), clientv3.WithRev(from))
-		compacted := d.follow(ctx, wc, reap.C)
+		compacted, idle := d.follow(ctx, wc, reap.C)
 		cancel()
 		for range wc { // drain
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || idle {
 			return
 		}
 		if compacted {
@@ -294,27 +358,31 @@ func (d *driver) watchLoop(ctx context.Context, done chan struct{}) {
 	}
 }
 
-// follow applies the watch's events until it breaks; it reports whether it
-// broke because the revisions it needed were compacted.
-func (d *driver) follow(ctx context.Context, wc clientv3.WatchChan, reap <-chan time.Time) (compacted bool) {
+// follow applies the watch's events until it breaks or the Locker has been
+// idle for idleWatch; it reports whether it broke because the revisions it
+// needed were compacted, or stopped for idleness.
+func (d *driver) follow(ctx context.Context, wc clientv3.WatchChan, reap <-chan time.Time) (compacted, idle bool) {
 	for {
 		select {
 		case <-ctx.Done():
-			return false
-		case <-reap:
+			return false, false
+		case now := <-reap:
 			d.reap(ctx)
+			if d.idle(now) {
+				return false, true
+			}
 		case wr, ok := <-wc:
 			if !ok {
-				return false
+				return false, false
 			}
 			if wr.CompactRevision != 0 {
 				if watchEnded != nil {
 					watchEnded(wr)
 				}
-				return true
+				return true, false
 			}
 			if wr.Canceled || wr.Err() != nil {
-				return false
+				return false, false
 			}
 			d.apply(ctx, wr)
 		}

@@ -1,6 +1,8 @@
 package etcd
 
 import (
+	"time"
+
 	"github.com/dlock/dlock/internal/testexport/etcdexport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -15,4 +17,8 @@ func init() {
 		return keyPrefix + semaphoreSpace + escape(name) + "/"
 	}
 	etcdexport.MaxFollowed = maxFollowed
+	etcdexport.SetIdleWatch = func(d time.Duration) (restore func()) {
+		prev := idleWatch.Swap(int64(d))
+		return func() { idleWatch.Store(prev) }
+	}
 }

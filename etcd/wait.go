@@ -91,7 +91,9 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 		err  error
 	)
 	if !d.perLock {
-		q = d.addWait(k.prefix, k.key)
+		if q, err = d.addWait(ctx, k.prefix, k.key); err != nil {
+			return nil, d.waitError(ctx, k, fmt.Errorf("following the changes: %w", err))
+		}
 		defer d.dropWait(k.prefix, q)
 	}
 	for retried := false; ; retried = true {
@@ -102,7 +104,9 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 		h = nil
 		if l.shared {
 			h = &handle{d: d, key: k.key, value: req.Metadata, l: l}
-			d.register(h)
+			if err := d.register(ctx, h); err != nil {
+				return nil, d.waitError(ctx, k, fmt.Errorf("following the changes: %w", err))
+			}
 		}
 		put := clientv3.OpPut(k.key, req.Metadata, clientv3.WithLease(l.id))
 		// Taken: queue up, and read the newest two (ours and our

@@ -2,7 +2,11 @@
 // the tests module; package etcd sets them at init (see ../doc.go).
 package etcdexport
 
-import clientv3 "go.etcd.io/etcd/client/v3"
+import (
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
 
 var (
 	// SetHooks installs test hooks (nil: none) and returns a function
@@ -13,4 +17,8 @@ var (
 	// MaxFollowed is how many keys ahead of it a waiter follows on the
 	// Locker's watch.
 	MaxFollowed int
+	// SetIdleWatch sets how long a Locker's watch runs on after its last
+	// lock or waiter, and returns a function restoring the previous value.
+	// Tests using it must not run in parallel.
+	SetIdleWatch func(d time.Duration) (restore func())
 )
