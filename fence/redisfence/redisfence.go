@@ -72,4 +72,3 @@ func Get(ctx context.Context, c goredis.Cmdable, key string) (value string, toke
 	}
 	return v, token, nil
 }
-
