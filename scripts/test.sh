@@ -11,6 +11,12 @@ cd "$(dirname "$0")/.."
 
 step() { printf '==> %s  [%s]\n' "$*" "$(date +%T)" >&2; }
 
+# -trimpath keeps the checkout's directory out of the build cache's keys: a
+# fresh clone elsewhere (CI's) reuses what an earlier run compiled and
+# vetted instead of redoing all of it (go vet of one small package in a
+# second clone: 1.5s with it, 4.9s without).
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-trimpath"
+
 step "bash scripts/docker-setup.sh"
 bash scripts/docker-setup.sh
 
