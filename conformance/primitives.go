@@ -69,6 +69,13 @@ var primitiveTests = []testCase{
 	// A black-holed leader's leadership ends by its ValidUntil; the waiting
 	// candidate is elected after that, not before, with a higher term.
 	{name: "ElectionFailover", need: needElection, fn: testElectionFailover},
+	// Campaign outlives a lost leadership: a black-holed leader's fn ends
+	// (cause ErrLost) by its ValidUntil and it campaigns again; the other
+	// candidate leads meanwhile, with a higher term and not before that
+	// ValidUntil; when its fn is done it resigns and the first leads again
+	// with a higher term (the handover time is logged); ctx's end ends a
+	// campaign and its leadership.
+	{name: "ElectionCampaign", need: needElection, fn: testElectionCampaign},
 }
 
 func needSemaphore(c dlock.Capabilities) string {
@@ -799,4 +806,116 @@ func testElectionFailover(s *suite) {
 func fenceOf(ls *dlock.Lease) uint64 {
 	f, _ := ls.Fence()
 	return f
+}
+
+// campaignTerm is a term that a Campaign's fn began.
+type campaignTerm struct {
+	who  string
+	at   time.Time
+	lead *dlock.Lease
+}
+
+func testElectionCampaign(s *suite) {
+	name := s.name()
+	a, af := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	terms := make(chan campaignTerm, 4)
+	causes := make(chan error, 4) // why each of a's terms ended
+	next := func(limit time.Duration, what string) campaignTerm {
+		s.t.Helper()
+		select {
+		case tm := <-terms:
+			return tm
+		case <-time.After(limit):
+			s.t.Fatalf("no new term within %v: %s", limit, what)
+			return campaignTerm{}
+		}
+	}
+	limit := s.cfg.TTL + s.caps.ExpirySlack + s.tol()
+	recovery := 10*time.Second + 4*(s.cfg.TTL+s.caps.ExpirySlack) + s.tol()
+
+	actx, acancel := context.WithCancel(s.ctx)
+	defer acancel()
+	adone := make(chan error, 1)
+	go func() {
+		adone <- a.Campaign(actx, name, "a", nil, func(ctx context.Context, lead *dlock.Lease) error {
+			terms <- campaignTerm{"a", time.Now(), lead}
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return ctx.Err()
+		})
+	}()
+	first := next(limit, "a's first term")
+	if first.who != "a" {
+		s.t.Fatalf("%s leads first, want a", first.who)
+	}
+
+	bctx, bcancel := context.WithCancel(s.ctx)
+	defer bcancel()
+	bfinish := make(chan struct{})
+	bdone := make(chan error, 1)
+	go func() {
+		bdone <- b.Campaign(bctx, name, "b", nil, func(ctx context.Context, lead *dlock.Lease) error {
+			terms <- campaignTerm{"b", time.Now(), lead}
+			select {
+			case <-bfinish:
+			case <-ctx.Done():
+			}
+			return nil
+		})
+	}()
+
+	af.Blackhole()
+	validUntil := first.lead.ValidUntil()
+	second := next(limit+s.cfg.TTL, "b's term after a was black-holed")
+	switch {
+	case second.who != "b":
+		s.t.Fatalf("%s leads after a was black-holed, want b", second.who)
+	case second.at.Before(validUntil):
+		s.t.Fatalf("b led %v before the black-holed leader's ValidUntil", validUntil.Sub(second.at))
+	case fenceOf(second.lead) <= fenceOf(first.lead):
+		s.t.Fatalf("b's term %d is not above a's %d", fenceOf(second.lead), fenceOf(first.lead))
+	}
+	s.endsBy(first.lead, validUntil, "the black-holed leader's leadership")
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, dlock.ErrLost) {
+			s.t.Fatalf("a's fn ended with cause %v, want ErrLost", cause)
+		}
+	case <-time.After(s.tol()):
+		s.t.Fatalf("a's fn context did not end within %v of its lost leadership", s.tol())
+	}
+	af.Heal()
+
+	finished := time.Now()
+	close(bfinish)
+	third := next(recovery, "a's term after b's fn was done")
+	if third.who != "a" || fenceOf(third.lead) <= fenceOf(second.lead) {
+		s.t.Fatalf("after b resigned: %s leads with term %d, want a above b's %d", third.who, fenceOf(third.lead), fenceOf(second.lead))
+	}
+	s.t.Logf("handover on resignation: a led %v after b's fn returned", third.at.Sub(finished).Round(time.Millisecond))
+	select {
+	case err := <-bdone:
+		if err != nil {
+			s.t.Fatalf("b's Campaign = %v, want nil once its fn is done", err)
+		}
+	case <-time.After(limit):
+		s.t.Fatal("b's Campaign did not return after its fn was done")
+	}
+
+	acancel()
+	select {
+	case err := <-adone:
+		if !errors.Is(err, context.Canceled) {
+			s.t.Fatalf("a's Campaign = %v after its ctx ended, want context.Canceled", err)
+		}
+	case <-time.After(limit):
+		s.t.Fatal("a's Campaign did not return after its ctx ended")
+	}
+	if third.lead.Err() == nil {
+		s.t.Fatal("a's leadership still holds after its Campaign returned")
+	}
+	if ld, err := b.Leader(s.ctx, name); err != nil || ld.Held {
+		s.t.Fatalf("Leader = %+v, %v after every campaign ended; want nobody", ld, err)
+	}
 }
