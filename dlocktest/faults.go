@@ -135,3 +135,21 @@ func containerCPU(id string) (time.Duration, error) {
 	}
 	return 0, fmt.Errorf("dlocktest: no cgroup CPU accounting found for container %.12s", id)
 }
+
+// Memory returns the memory the server's container uses now, as its cgroup
+// counts it (page cache included), for benchmarks.
+func (s *Server) Memory() (int64, error) {
+	if s.external || s.containerID == "" {
+		return 0, fmt.Errorf("dlocktest: %s: not a container of ours", s)
+	}
+	for _, f := range []string{
+		"/sys/fs/cgroup/memory/docker/" + s.containerID + "/memory.usage_in_bytes",
+		"/sys/fs/cgroup/system.slice/docker-" + s.containerID + ".scope/memory.current",
+		"/sys/fs/cgroup/docker/" + s.containerID + "/memory.current",
+	} {
+		if b, err := os.ReadFile(f); err == nil {
+			return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("dlocktest: no cgroup memory accounting found for container %.12s", s.containerID)
+}

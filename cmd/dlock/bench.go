@@ -83,8 +83,9 @@ Peers that poll (redsync, redislock) retry every 10ms.
 
 dlock bench queue measures the task queue instead (dlock bench queue -h), and
 dlock bench primitives semaphores, read locks and leader failover (dlock bench
-primitives -h), and dlock bench hold many leases held by one Locker (dlock
-bench hold -h).
+primitives -h), dlock bench hold many leases held by one Locker (dlock
+bench hold -h), and dlock bench fleet one Locker beside a fleet of idle ones,
+each in a process of its own (dlock bench fleet -h).
 
 The table goes to stdout, progress to stderr. -o and -html also write the
 report to a file; -html's page is self-contained (its charts included) and
@@ -134,6 +135,12 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if len(args) > 0 && args[0] == "hold" {
 		return benchHoldMain(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "fleet" {
+		return benchFleetMain(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "fleet-member" {
+		return benchFleetMemberMain(ctx, args[1:], stdout, stderr)
 	}
 	fs, o := benchFlagSet(stderr)
 	if err := fs.Parse(args); err != nil {
