@@ -43,6 +43,10 @@ func (d *driver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle, ttls
 	} else {
 		results, err = d.refreshScripted(ctx, hs, ttls, locks)
 	}
+	if err == nil {
+		// The batch counts once MinReplicas replicas have it (replicas.go).
+		err = d.syncReplicas(ctx)
+	}
 	for j, i := range locks {
 		h := hs[i].(*handle)
 		switch {

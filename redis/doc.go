@@ -34,6 +34,9 @@
 //   - Exclusive while valid on the one node that decides; a failover to an
 //     asynchronously replicated replica can lose or duplicate a lock, and
 //     locks survive a restart only with AOF persistence.
+//     [Options.MinReplicas] (URL min_replicas=N) narrows the failover
+//     window: a grant and each refresh count only once WAIT reports N
+//     replicas have them. WAIT is not consensus; fencing closes the window.
 //   - Fencing ([dlock.Lease.Fence]): a counter per name, advanced by every
 //     grant, increasing across a restart (not across a failover).
 //   - FIFO: the release script hands the lock to the next queued waiter.

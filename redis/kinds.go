@@ -163,6 +163,9 @@ func (h *kindHandle) Refresh(ctx context.Context, ttl time.Duration) (time.Durat
 	if n == 0 {
 		return 0, h.notHeld()
 	}
+	if err := h.d.syncReplicas(ctx); err != nil {
+		return 0, fmt.Errorf("redis: refreshing %s %q: %w", h.kind, h.keys[0], err)
+	}
 	return time.Duration(px) * time.Millisecond, nil
 }
 

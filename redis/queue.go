@@ -137,7 +137,12 @@ func (d *driver) acquire(ctx context.Context, keys []string, boxed []any, token 
 // until then plus the TTL. A grant message is taken only if its fence is
 // above the counter that request saw, so a message from an older grant
 // (delayed past that grant's expiry) is not mistaken for a new one.
-func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (g *dlockdriver.Grant, err error) {
+func (q *queueDriver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	g, err := q.acquireWait(ctx, req)
+	return q.replicated(ctx, req.Name, g, err)
+}
+
+func (q *queueDriver) acquireWait(ctx context.Context, req dlockdriver.Request) (g *dlockdriver.Grant, err error) {
 	if req.Kind != dlockdriver.KindLock {
 		return q.acquireKind(ctx, req)
 	}

@@ -56,6 +56,21 @@ type Options struct {
 	// key is KeyPrefix+name, without fencing (URL: compat=true). Default
 	// false. See the package doc's Layout.
 	Compat bool
+
+	// MinReplicas, when above 0, makes a grant and every refresh count
+	// only once WAIT reports that this many replicas have them (URL:
+	// min_replicas=1): it narrows, and does not close, the window in
+	// which a failover to a replica that lacks a lock grants it again.
+	// A grant they do not acknowledge within MinReplicasTimeout is given
+	// back (an error matching ErrReplicas); a refresh fails like one the
+	// server did not answer, and the lease is lost at its ValidUntil
+	// unless a later one succeeds. Costs one round trip per grant and per
+	// refresh. Not with a Cluster client. Default 0: no waiting.
+	MinReplicas int
+
+	// MinReplicasTimeout bounds the wait for MinReplicas (URL:
+	// min_replicas_timeout=100ms). Default DefaultMinReplicasTimeout.
+	MinReplicasTimeout time.Duration
 }
 
 // New returns a Locker on the application's client. Closing the Locker does
@@ -90,6 +105,11 @@ func New(client goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
 	if err := redisclient.Check(client); err != nil {
 		return nil, err
 	}
+	if opts != nil {
+		if err := validateReplicas(opts, client); err != nil {
+			return nil, err
+		}
+	}
 	d := newDriver(client, opts, false)
 	if d.compat {
 		return dlock.New(d, &d.defaults)
@@ -121,6 +141,12 @@ func newDriver(client goredis.UniversalClient, opts *Options, ownsClient bool) *
 		d.hub.SetProbe(d.grants)
 	}
 	d.defaults = o.Defaults
+	d.minReplicas, d.replicasTimeout = o.MinReplicas, o.MinReplicasTimeout
+	if d.replicasTimeout == 0 {
+		d.replicasTimeout = DefaultMinReplicasTimeout
+	}
+	d.replicasTimeout = max(d.replicasTimeout, time.Millisecond) // WAIT's 0 is forever
+	d.syncKey = d.prefix + "sync:" + newID()
 	return d
 }
 
@@ -142,6 +168,10 @@ type driver struct {
 	hub        *redishub.Hub
 	grants     string         // default layout: this Locker's grant channel
 	bg         sync.WaitGroup // leaves still running after their Acquire returned
+
+	minReplicas     int           // Options.MinReplicas
+	replicasTimeout time.Duration // Options.MinReplicasTimeout or its default
+	syncKey         string        // written before WAIT (replicas.go)
 }
 
 // newID returns 64 random bits, hex-encoded: a Locker's grant channel.
@@ -212,6 +242,11 @@ func millis(ttl time.Duration) int64 {
 // not. (In the compat layout a plain SET NX PX costs the same when the lock
 // is free, but needs a second round trip for the holder's PTTL when not.)
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	g, err := d.tryAcquire(ctx, req)
+	return d.replicated(ctx, req.Name, g, err)
+}
+
+func (d *driver) tryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	if req.Kind != dlockdriver.KindLock {
 		if d.compat {
 			return nil, fmt.Errorf("%w: redis: the compat layout has no %s", errors.ErrUnsupported, req.Kind)
@@ -469,6 +504,9 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 	}
 	if n == 0 {
 		return 0, fmt.Errorf("%w: redis: %q does not hold this lease's token", dlock.ErrNotHeld, h.keys[0])
+	}
+	if err := h.d.syncReplicas(ctx); err != nil {
+		return 0, fmt.Errorf("redis: refreshing %q: %w", h.keys[0], err)
 	}
 	return time.Duration(px) * time.Millisecond, nil
 }

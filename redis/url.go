@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/dlock/dlock"
@@ -35,8 +36,10 @@ func open(ctx context.Context, u *url.URL) (dlockdriver.Driver, error) {
 
 // Parameters this package takes out of a URL before go-redis sees it.
 const (
-	paramPrefix = "prefix"
-	paramCompat = "compat"
+	paramPrefix             = "prefix"
+	paramCompat             = "compat"
+	paramMinReplicas        = "min_replicas"
+	paramMinReplicasTimeout = "min_replicas_timeout"
 )
 
 // ParseURL turns a redis:// or rediss:// URL into go-redis options and the
@@ -67,6 +70,14 @@ func ParseURL(u *url.URL) (*goredis.Options, *Options, error) {
 		opts.KeyPrefix = v
 	}
 	opts.Compat, _ = p.TakeBool(paramCompat)
+	if v, ok := p.Take(paramMinReplicas); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, nil, invalid("%s=%q is not a count of replicas", paramMinReplicas, v)
+		}
+		opts.MinReplicas = n
+	}
+	opts.MinReplicasTimeout, _ = p.TakeDuration(paramMinReplicasTimeout)
 	tlsp := p.TakeTLS()
 	if p.Err != nil {
 		return nil, nil, p.Err
