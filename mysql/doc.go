@@ -61,12 +61,22 @@
 //     bumped after the grant, increasing across crashes and restarts. A
 //     restart ends every lock (the leases report it).
 //   - Waiting polls (dlock.Options RetryMin..RetryMax): not FIFO, not
-//     notified. Semaphores, read/write locks, elections (which need
-//     metadata) and Inspect are not supported yet.
+//     notified. Semaphores, read/write locks and elections (which need
+//     metadata) are not supported yet.
 //   - Each lease holds a pooled connection: max_open_conns bounds the
 //     leases of a Locker; past it, an acquisition waits for a connection.
 //     Not behind a proxy that moves statements between server sessions
 //     (ProxySQL's multiplexing, say): the lock is the session's.
+//
+// # Inspect
+//
+// [dlock.Locker.Inspect] (and dlock inspect mysql://…) names the session
+// that holds a lock: its connection id, as IS_USED_LOCK gives it, with its
+// user and host when the process list shows them (another user's session
+// needs the PROCESS privilege). The fencing token is known only for the
+// inspecting Locker's own leases; the lease token, metadata, grant time,
+// TTL left and waiters are not stored on the server, and names are not
+// listed (no InspectPrefix).
 //
 // # Layout
 //
