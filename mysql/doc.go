@@ -61,12 +61,39 @@
 //     bumped after the grant, increasing across crashes and restarts. A
 //     restart ends every lock (the leases report it).
 //   - Waiting polls (dlock.Options RetryMin..RetryMax): not FIFO, not
-//     notified. Semaphores, read/write locks, elections (which need
-//     metadata) and Inspect are not supported yet.
+//     notified.
 //   - Each lease holds a pooled connection: max_open_conns bounds the
 //     leases of a Locker; past it, an acquisition waits for a connection.
 //     Not behind a proxy that moves statements between server sessions
 //     (ProxySQL's multiplexing, say): the lock is the session's.
+//
+// # Not supported
+//
+// Semaphores, read/write locks and elections fail with an error matching
+// errors.ErrUnsupported, and mysql:// has no queue driver:
+//
+//   - Read/write locks: GET_LOCK has no shared mode (a user lock is
+//     exclusive). Readers would have to be counted beside it (a user lock
+//     per reader, say), and a writer poll them all, at several round trips
+//     per acquisition; not built.
+//   - Semaphores: GET_LOCK counts nothing. Limit slot locks tried in turn
+//     would work, at up to limit round trips per attempt, all polled; not
+//     built.
+//   - Elections need the holder's candidate readable by others
+//     (Capabilities.Metadata): a user lock stores no value, only its
+//     holder's connection id.
+//   - A task queue: InnoDB's FOR UPDATE SKIP LOCKED could carry one; not
+//     built.
+//
+// # Inspect
+//
+// [dlock.Locker.Inspect] (and dlock inspect mysql://…) names the session
+// that holds a lock: its connection id, as IS_USED_LOCK gives it, with its
+// user and host when the process list shows them (another user's session
+// needs the PROCESS privilege). The fencing token is known only for the
+// inspecting Locker's own leases; the lease token, metadata, grant time,
+// TTL left and waiters are not stored on the server, and names are not
+// listed (no InspectPrefix).
 //
 // # Layout
 //

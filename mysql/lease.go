@@ -13,8 +13,10 @@ import (
 // lease is the driver's side of one held lock: the pooled connection whose
 // session holds it, kept out of the pool until the lease ends.
 type lease struct {
-	d   *driver
-	key string
+	d      *driver
+	key    string
+	connID int64  // the session's connection id, as IS_USED_LOCK gives it
+	fence  uint64 // the grant's fencing token, 0 without fencing
 
 	mu     sync.Mutex // serialises the statements on c
 	c      *sql.Conn  // nil once the lease ended

@@ -244,8 +244,8 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		return nil, fmt.Errorf("mysql: setting wait_timeout: %w", err)
 	}
 	key := LockName(d.prefix, req.Name)
-	var got sql.NullInt64
-	if err := c.QueryRowContext(ctx, trySQL, key).Scan(&got); err != nil {
+	var got, connID sql.NullInt64
+	if err := c.QueryRowContext(ctx, trySQL, key).Scan(&got, &connID); err != nil {
 		discard(c) // frees the lock if the server granted it
 		return nil, fmt.Errorf("mysql: GET_LOCK: %w", err)
 	}
@@ -271,7 +271,7 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		}
 		fence = uint64(id)
 	}
-	l := &lease{d: d, c: c, key: key, secs: secs}
+	l := &lease{d: d, c: c, key: key, connID: connID.Int64, fence: fence, secs: secs}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

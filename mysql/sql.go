@@ -19,6 +19,8 @@ var (
 	heldSQL string
 	//go:embed release.sql
 	releaseSQL string
+	//go:embed inspect.sql
+	inspectSQL string
 )
 
 // The session settings a lease changes on its connection, and puts back

@@ -13,8 +13,8 @@ bash scripts/docker-setup.sh
 # side first (on a fresh machine each installs its server from Debian's
 # mirror) rather than one after another as the bench reaches them.
 if [ $# -eq 0 ]; then
-  step "go run ./dlocktest/cmd/buildimages redis etcd zookeeper postgres"
-  go run ./dlocktest/cmd/buildimages redis etcd zookeeper postgres
+  step "go run ./dlocktest/cmd/buildimages redis etcd zookeeper postgres mariadb"
+  go run ./dlocktest/cmd/buildimages redis etcd zookeeper postgres mariadb
 fi
 
 step "go run ./cmd/dlock bench $*"

@@ -11,6 +11,7 @@ import (
 	// The drivers the bench can open by URL.
 	_ "github.com/dlock/dlock/etcd"
 	_ "github.com/dlock/dlock/memory"
+	_ "github.com/dlock/dlock/mysql"
 	_ "github.com/dlock/dlock/postgres"
 	_ "github.com/dlock/dlock/redis"
 	_ "github.com/dlock/dlock/redlock"
@@ -93,6 +94,20 @@ var backends = []backend{
 		},
 		floor: bench.PostgresFloors,
 		peers: bench.PostgresPeers,
+	},
+	{
+		name:    "mysql",
+		servers: []dlocktest.Kind{dlocktest.MariaDB},
+		url: func(addrs []string) string {
+			return (&url.URL{
+				Scheme: "mysql",
+				User:   url.UserPassword(dlocktest.MariaDBUser, dlocktest.MariaDBPassword),
+				Host:   addrs[0],
+				Path:   "/" + dlocktest.MariaDBDatabase,
+			}).String()
+		},
+		floor: bench.MySQLFloors,
+		peers: bench.MySQLPeers,
 	},
 }
 

@@ -49,7 +49,7 @@ func benchFlagSet(output io.Writer) (*flag.FlagSet, *benchOptions) {
 	fs.IntVar(&o.cfg.Rounds, "rounds", bench.DefaultRounds, "turns dlock and the floor take in each scenario, so that both meet the same load")
 	fs.StringVar(&o.out, "o", "", "also write the report to `file`: .md for Markdown, .json for JSON, .txt for text")
 	fs.StringVar(&o.html, "html", "", "also write the report as one self-contained HTML page (charts included) to `file`")
-	fs.BoolVar(&o.peers, "peers", false, "also measure the libraries users would otherwise pick (redsync, redislock, etcd's concurrency.Mutex, zk.Lock, pg_advisory_lock) beside dlock and the floor")
+	fs.BoolVar(&o.peers, "peers", false, "also measure the libraries users would otherwise pick (redsync, redislock, etcd's concurrency.Mutex, zk.Lock, pg_advisory_lock, GET_LOCK) beside dlock and the floor")
 	fs.BoolVar(&o.quiet, "q", false, "no progress on stderr (on a terminal it is one line rewritten in place, elsewhere a line per measurement)")
 	fs.Usage = func() {
 		w := fs.Output()
@@ -79,6 +79,7 @@ with dlock, the floor and each peer side by side:
   etcd       go.etcd.io/etcd/client/v3/concurrency.Mutex (a Session each)
   zookeeper  go-zookeeper/zk's zk.Lock
   postgres   pg_advisory_lock / pg_try_advisory_lock through pgx
+  mysql      GET_LOCK / RELEASE_LOCK through database/sql (go-sql-driver)
 Peers that poll (redsync, redislock) retry every 10ms.
 
 dlock bench queue measures the task queue instead (dlock bench queue -h), and

@@ -47,6 +47,10 @@ func TestBenchPeers(t *testing.T) {
 			return "postgres://" + dlocktest.PostgresUser + ":" + dlocktest.PostgresPassword + "@" +
 				dlocktest.Require(t, dlocktest.Postgres).Addr() + "/" + dlocktest.PostgresDatabase + "?sslmode=disable"
 		}, []string{"pg_advisory_lock"}},
+		{"mysql", func(t *testing.T) string {
+			return "mysql://" + dlocktest.MariaDBUser + ":" + dlocktest.MariaDBPassword + "@" +
+				dlocktest.Require(t, dlocktest.MariaDB).Addr() + "/" + dlocktest.MariaDBDatabase
+		}, []string{"GET_LOCK (database/sql)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.backend, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/dlocktest"
 )
 
 // dlock inspect on mem:// (in this process, so it sees the test's locks): a
@@ -71,5 +72,35 @@ func TestInspect(t *testing.T) {
 	}
 	if code, out, _ := runCmd(t, "inspect", "mem://inspect-test"); code != 0 || strings.Contains(out, "jobs/nightly") {
 		t.Errorf("after release: status %d, table still lists the name:\n%s", code, out)
+	}
+}
+
+// dlock inspect on a mysql:// server shows the holding session's
+// connection (another process's Locker: the fence is unknown there).
+func TestInspectMySQL(t *testing.T) {
+	ctx := t.Context()
+	u := "mysql://" + dlocktest.MariaDBUser + ":" + dlocktest.MariaDBPassword + "@" +
+		dlocktest.Require(t, dlocktest.MariaDB).Addr() + "/" + dlocktest.MariaDBDatabase
+	l, err := dlock.Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	name := "inspect-" + t.Name()
+	ls, err := l.Acquire(ctx, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Release(context.Background())
+	code, out, errOut := runCmd(t, "inspect", "-json", u, name)
+	if code != 0 {
+		t.Fatalf("status %d; stderr:\n%s", code, errOut)
+	}
+	var got []map[string]any
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != 1 {
+		t.Fatalf("-json output %q: %v", out, err)
+	}
+	if h, _ := got[0]["holder"].(string); got[0]["held"] != true || !strings.HasPrefix(h, "connection ") {
+		t.Errorf("-json: %v, want held by a connection", got[0])
 	}
 }
