@@ -164,10 +164,21 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 		ok   bool
 		stat *zk.Stat
 	)
+	// Exists is a read: a call cut by a connection that closed (go-zookeeper
+	// drops one whose pings go unanswered for two thirds of the session
+	// timeout, as on a loaded machine) is sent again once the client has
+	// reconnected, while the session lives and ctx allows.
+	var b backoff
 	err := s.do(ctx, func() (err error) {
 		ok, stat, err = s.conn.Exists(h.path)
 		return err
 	}, nil)
+	for err != nil && (inDoubt(err) || errors.Is(err, zk.ErrNoServer)) && s.isLive(g) && b.sleep(ctx, nil) {
+		err = s.do(ctx, func() (err error) {
+			ok, stat, err = s.conn.Exists(h.path)
+			return err
+		}, nil)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("zookeeper: refreshing %s: %w", h.path, err)
 	}
