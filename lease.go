@@ -513,6 +513,14 @@ func (ls *Lease) end(err error) {
 		ls.mu.Unlock()
 		return
 	}
+	if ls.workStop != nil && errors.Is(err, ErrLost) && !errors.Is(err, ls.workStop) {
+		// Lost after the watchdog stopped for MaxHold or HeartbeatTimeout:
+		// that is why, whoever reported it first. A backend that ends a
+		// silent holder's lock itself (postgres's idle_session_timeout)
+		// can report it before the ValidUntil timer runs on a loaded
+		// machine (busy run 11).
+		err = fmt.Errorf("%w (the watchdog had stopped: %w)", err, ls.workStop)
+	}
 	ls.err = err
 	// Cancel the context before closing Done, so that whoever sees Done
 	// closed also finds Context cancelled. (Cancelling only cancels child

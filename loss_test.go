@@ -101,3 +101,38 @@ func TestDriverReportedLoss(t *testing.T) {
 		}
 	}
 }
+
+// A loss the backend reports after the watchdog stopped for MaxHold is
+// attributed to MaxHold: Err matches ErrLost and ErrMaxHold, whoever
+// reported the loss first (postgres ends a silent holder's session itself,
+// which on a loaded machine can come before the ValidUntil timer runs).
+func TestDriverReportedLossAfterMaxHold(t *testing.T) {
+	d := &lossDriver{handles: make(chan *lossHandle, 1)}
+	l, err := dlock.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	defer l.Close(ctx)
+	// The watchdog refreshes every 300ms and stops at its first tick past
+	// MaxHold (3-3.3s); ValidUntil is then 5.7-6s. The loss comes at 4.5s,
+	// more than a second from either end (MaxHold cannot be below the TTL).
+	ls, err := l.TryAcquire(ctx, "x", &dlock.Options{TTL: 3 * time.Second, RefreshInterval: 300 * time.Millisecond, MaxHold: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := <-d.handles
+	time.Sleep(4500 * time.Millisecond)
+	if ls.Err() != nil {
+		t.Fatalf("the lease ended before its ValidUntil: %v", ls.Err())
+	}
+	h.drop()
+	select {
+	case <-ls.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end after the driver reported loss")
+	}
+	if err := ls.Err(); !errors.Is(err, dlock.ErrLost) || !errors.Is(err, dlock.ErrMaxHold) {
+		t.Errorf("Err() = %v, want ErrLost and ErrMaxHold", err)
+	}
+}
