@@ -160,25 +160,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 	if !s.isLive(g) {
 		return 0, h.notHeld("went with its session")
 	}
-	var (
-		ok   bool
-		stat *zk.Stat
-	)
-	// Exists is a read: a call cut by a connection that closed (go-zookeeper
-	// drops one whose pings go unanswered for two thirds of the session
-	// timeout, as on a loaded machine) is sent again once the client has
-	// reconnected, while the session lives and ctx allows.
-	var b backoff
-	err := s.do(ctx, func() (err error) {
-		ok, stat, err = s.conn.Exists(h.path)
-		return err
-	}, nil)
-	for err != nil && (inDoubt(err) || errors.Is(err, zk.ErrNoServer)) && s.isLive(g) && b.sleep(ctx, nil) {
-		err = s.do(ctx, func() (err error) {
-			ok, stat, err = s.conn.Exists(h.path)
-			return err
-		}, nil)
-	}
+	ok, stat, err := s.exists(ctx, g, h.path)
 	if err != nil {
 		return 0, fmt.Errorf("zookeeper: refreshing %s: %w", h.path, err)
 	}
@@ -351,14 +333,7 @@ func (h *handle) Held(ctx context.Context) (bool, error) {
 	if st != held || !s.isLive(g) {
 		return false, nil
 	}
-	var (
-		ok   bool
-		stat *zk.Stat
-	)
-	err := s.do(ctx, func() (err error) {
-		ok, stat, err = s.conn.Exists(h.path)
-		return err
-	}, nil)
+	ok, stat, err := s.exists(ctx, g, h.path)
 	if err != nil {
 		return false, fmt.Errorf("zookeeper: reading %s: %w", h.path, err)
 	}
@@ -385,4 +360,22 @@ func (h *handle) deleteOnClose(ctx context.Context) {
 		return
 	}
 	h.finish(dropped)
+}
+
+// exists reads path's stat. It is a read: a call cut by a connection that
+// closed (go-zookeeper drops one whose pings go unanswered for two thirds
+// of the session timeout, as on a loaded machine), or that found no server,
+// is sent again once the client has reconnected, while the session g lives
+// and ctx allows.
+func (s *session) exists(ctx context.Context, g *generation, path string) (ok bool, stat *zk.Stat, err error) {
+	var b backoff
+	for {
+		err = s.do(ctx, func() (err error) {
+			ok, stat, err = s.conn.Exists(path)
+			return err
+		}, nil)
+		if err == nil || !(inDoubt(err) || errors.Is(err, zk.ErrNoServer)) || !s.isLive(g) || !b.sleep(ctx, nil) {
+			return ok, stat, err
+		}
+	}
 }
