@@ -121,39 +121,16 @@ Flags:
 	memberErr := &syncWriter{w: stderr} // the members write to it at once
 	var targets []bench.FleetTarget
 	for _, t := range ts {
-		raw, srvs := t.raw, t.srvs
-		ft := bench.FleetTarget{Backend: t.name, URL: driver.RedactURL(t.u), Addrs: t.addrs,
+		raw := t.raw
+		targets = append(targets, bench.FleetTarget{Backend: t.name, URL: driver.RedactURL(t.u), Addrs: t.addrs,
 			Open: func(ctx context.Context) (*dlock.Locker, error) { return dlock.Open(ctx, raw) },
 			StartMember: func(ctx context.Context, i int) (bench.Member, error) {
 				return startMember(ctx, exe, raw, fmt.Sprintf("dlock-bench-fleet/%s/%d", run, i), cfg.Hold, memberErr)
 			},
-			Watches: watchCounter(t),
-		}
-		if len(srvs) > 0 {
-			ft.ServerCPU = func() (time.Duration, error) {
-				var sum time.Duration
-				for _, s := range srvs {
-					d, err := s.CPUTime()
-					if err != nil {
-						return 0, err
-					}
-					sum += d
-				}
-				return sum, nil
-			}
-			ft.ServerMemory = func() (int64, error) {
-				var sum int64
-				for _, s := range srvs {
-					m, err := s.Memory()
-					if err != nil {
-						return 0, err
-					}
-					sum += m
-				}
-				return sum, nil
-			}
-		}
-		targets = append(targets, ft)
+			Watches:      watchCounter(t),
+			ServerCPU:    t.serverCPU(),
+			ServerMemory: t.serverMemory(),
+		})
 	}
 	results := bench.RunFleet(ctx, cfg, targets)
 	if err := bench.WriteFleet(stdout, bench.FormatText, cfg, results); err != nil {

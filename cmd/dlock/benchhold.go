@@ -98,23 +98,10 @@ Flags:
 	}
 	var targets []bench.HoldTarget
 	for _, t := range ts {
-		raw, srvs := t.raw, t.srvs
-		ht := bench.HoldTarget{Backend: t.name, URL: driver.RedactURL(t.u), Addrs: t.addrs, Advice: holdAdvice(t),
-			Open: func(ctx context.Context) (*dlock.Locker, error) { return dlock.Open(ctx, raw) }}
-		if len(srvs) > 0 {
-			ht.ServerCPU = func() (time.Duration, error) {
-				var sum time.Duration
-				for _, s := range srvs {
-					d, err := s.CPUTime()
-					if err != nil {
-						return 0, err
-					}
-					sum += d
-				}
-				return sum, nil
-			}
-		}
-		targets = append(targets, ht)
+		raw := t.raw
+		targets = append(targets, bench.HoldTarget{Backend: t.name, URL: driver.RedactURL(t.u), Addrs: t.addrs, Advice: holdAdvice(t),
+			Open:      func(ctx context.Context) (*dlock.Locker, error) { return dlock.Open(ctx, raw) },
+			ServerCPU: t.serverCPU()})
 	}
 	stopHogs, err := startHogs(cfg.Hogs)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/dlock/dlock/dlocktest"
 )
@@ -91,4 +92,34 @@ func startBenchTargets(ctx context.Context, cmd string, names []string, urls, pa
 		out = append(out, t)
 	}
 	return out, 0
+}
+
+// serverCPU reads the total CPU time of the servers started for t, nil when
+// t's servers are not ours (-url).
+func (t benchTarget) serverCPU() func() (time.Duration, error) {
+	return sumServers(t.srvs, (*dlocktest.Server).CPUTime)
+}
+
+// serverMemory reads the total memory of the servers started for t, nil
+// when t's servers are not ours.
+func (t benchTarget) serverMemory() func() (int64, error) {
+	return sumServers(t.srvs, (*dlocktest.Server).Memory)
+}
+
+// sumServers sums read over srvs; nil when there are none.
+func sumServers[T time.Duration | int64](srvs []*dlocktest.Server, read func(*dlocktest.Server) (T, error)) func() (T, error) {
+	if len(srvs) == 0 {
+		return nil
+	}
+	return func() (T, error) {
+		var sum T
+		for _, s := range srvs {
+			v, err := read(s)
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	}
 }

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -235,48 +233,6 @@ func read[T any](f func() (T, error)) (T, error) {
 		return zero, errors.New("unknown")
 	}
 	return f()
-}
-
-// countAllConns counts the established TCP connections of every process of
-// this network namespace to addrs (/proc/net/tcp and tcp6); -1 when they
-// cannot be read.
-func countAllConns(addrs []string) int {
-	want := map[string]bool{}
-	for _, a := range addrs {
-		host, port, err := net.SplitHostPort(a)
-		if err != nil {
-			continue
-		}
-		p, err := strconv.Atoi(port)
-		if err != nil {
-			continue
-		}
-		ips, err := net.LookupIP(host)
-		if err != nil {
-			continue
-		}
-		for _, ip := range ips {
-			want[procAddr(ip, p)] = true
-		}
-	}
-	n, read := 0, false
-	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		read = true
-		for line := range strings.Lines(string(b)) {
-			fs := strings.Fields(line)
-			if len(fs) > 3 && fs[3] == "01" && want[fs[2]] { // ESTABLISHED, to the server
-				n++
-			}
-		}
-	}
-	if !read {
-		return -1
-	}
-	return n
 }
 
 // ProcessMember is a Member running as a child process that speaks the

@@ -272,7 +272,16 @@ func processCPU() (time.Duration, error) {
 
 // countConns counts this process's established TCP connections to addrs
 // (from /proc/self/net/tcp and tcp6); -1 when they cannot be read.
-func countConns(addrs []string) int {
+func countConns(addrs []string) int { return countConnsIn("/proc/self/net", addrs) }
+
+// countAllConns counts the established TCP connections of every process of
+// this network namespace to addrs (/proc/net/tcp and tcp6); -1 when they
+// cannot be read.
+func countAllConns(addrs []string) int { return countConnsIn("/proc/net", addrs) }
+
+// countConnsIn counts the established connections to addrs that dir's tcp
+// and tcp6 tables list.
+func countConnsIn(dir string, addrs []string) int {
 	want := map[string]bool{}
 	for _, a := range addrs {
 		host, port, err := net.SplitHostPort(a)
@@ -292,7 +301,7 @@ func countConns(addrs []string) int {
 		}
 	}
 	n, read := 0, false
-	for _, f := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+	for _, f := range []string{dir + "/tcp", dir + "/tcp6"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
@@ -300,7 +309,7 @@ func countConns(addrs []string) int {
 		read = true
 		for line := range strings.Lines(string(b)) {
 			fs := strings.Fields(line)
-			if len(fs) > 3 && fs[3] == "01" && want[fs[2]] { // ESTABLISHED
+			if len(fs) > 3 && fs[3] == "01" && want[fs[2]] { // ESTABLISHED, to the server
 				n++
 			}
 		}
