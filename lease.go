@@ -33,6 +33,9 @@ type Lease struct {
 	notifier driver.LossNotifier // the handle, when it reports loss
 	drift    time.Duration       // from the grant, zero for the default
 	since    time.Time           // when the grant's request was sent
+	// parts are the one-name leases an AcquireAll lease is made of (see
+	// compose); nil for any other lease.
+	parts []*Lease
 	// beat is when Heartbeat was last called (or the lease granted), in
 	// monotonic nanoseconds after since; used with HeartbeatTimeout only.
 	beat atomic.Int64
@@ -58,7 +61,10 @@ type Lease struct {
 	// workStop says why the watchdog stopped before the lease ended, for
 	// the loss at ValidUntil: MaxHold or HeartbeatTimeout.
 	workStop error
-	retry    backoff.Backoff // the watchdog's delays after failed refreshes
+	// parent is the AcquireAll lease this one is a part of, once composed:
+	// the part's loss ends it.
+	parent *Lease
+	retry  backoff.Backoff // the watchdog's delays after failed refreshes
 
 	ctx    context.Context // made by the first call of Context
 	cancel context.CancelCauseFunc
@@ -149,7 +155,7 @@ func (ls *Lease) onDeadline() {
 		} else {
 			ls.end(fmt.Errorf("%w: %q was not refreshed before its ValidUntil", ErrLost, ls.name))
 		}
-		if ls.l.abandoner != nil {
+		if ls.l.abandoner != nil && ls.parts == nil { // a whole's parts are given back by end
 			ls.mu.Lock()
 			ttl := ls.ttl
 			ls.mu.Unlock()
@@ -254,8 +260,16 @@ func (ls *Lease) afterTick(err error, until time.Time) {
 	}
 }
 
-// Name is the lock's name.
+// Name is the lock's name; for a lease from AcquireAll, its names (Names)
+// joined by commas.
 func (ls *Lease) Name() string { return ls.name }
+
+// isPart reports whether the lease is a part of an AcquireAll lease.
+func (ls *Lease) isPart() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.parent != nil
+}
 
 // Token is the owner token: 128 random bits, unique to this lease, stored on
 // the server as the lock's value where the backend has one.
@@ -264,7 +278,8 @@ func (ls *Lease) Token() string { return ls.token }
 // Fence returns the fencing token and true when the backend makes them: a
 // number that strictly increases with every grant of the same name, across
 // holders and takeovers. Pass it to the resource the lock protects so that it
-// can refuse writes from a holder whose lease has ended.
+// can refuse writes from a holder whose lease has ended. A lease from
+// AcquireAll has one per name: see Fences.
 func (ls *Lease) Fence() (uint64, bool) { return ls.fence, ls.hasFence }
 
 // ValidUntil is a conservative local deadline, on the monotonic clock, before
@@ -423,7 +438,11 @@ func (ls *Lease) applyRefresh(sent time.Time, ttl, granted time.Duration, err er
 // batch; ls.mu held or not yet shared.
 func (ls *Lease) scheduleTick(sent time.Time) {
 	iv := ls.interval()
-	ls.l.sched.scheduleSlack(&ls.tick, sent.Add(iv), iv/10)
+	slack := iv / 10
+	if ls.parts != nil {
+		slack = 0 // an AcquireAll lease is never in a batch: it batches its parts itself
+	}
+	ls.l.sched.scheduleSlack(&ls.tick, sent.Add(iv), slack)
 }
 
 // interval is the watchdog period for the current TTL; ls.mu held or not yet
@@ -463,6 +482,9 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return err
 	}
 	o := ls.l.obs.Load()
+	if ls.isPart() {
+		o = nil // the whole lease reports
+	}
 	var start time.Time
 	if o != nil {
 		start = time.Now()
@@ -537,12 +559,21 @@ func (ls *Lease) end(err error) {
 	if ls.tick.run != nil {
 		ls.l.sched.cancel(&ls.tick)
 	}
-	cancelRefresh := ls.cancelRefresh
+	cancelRefresh, parent := ls.cancelRefresh, ls.parent
 	ls.mu.Unlock()
 	if cancelRefresh != nil {
 		cancelRefresh()
 	}
 	ls.l.forget(ls)
+	if ls.parts != nil {
+		ls.endParts(err)
+	}
+	if parent != nil {
+		if !errors.Is(err, ErrReleased) {
+			parent.end(err) // the part's error names it
+		}
+		return // the whole lease reports
+	}
 	if o := ls.l.obs.Load(); o != nil && !errors.Is(err, ErrReleased) {
 		o.emit(Event{Kind: EventLost, Context: context.Background(), Name: ls.name, Held: time.Since(ls.since), Fence: ls.fence, Err: err})
 	}

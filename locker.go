@@ -117,12 +117,18 @@ func (l *Locker) acquire(ctx context.Context, obj object, opts *Options, wait bo
 	if err != nil {
 		return nil, err
 	}
+	return l.observed(ctx, name, func() (*Lease, error) { return l.acquireValid(ctx, obj, o, wait) })
+}
+
+// observed runs an acquisition of valid input and reports it to the
+// Observer, if any.
+func (l *Locker) observed(ctx context.Context, name string, acquire func() (*Lease, error)) (*Lease, error) {
 	obs := l.obs.Load()
 	var start time.Time
 	if obs != nil {
 		start = time.Now()
 	}
-	ls, err := l.acquireValid(ctx, obj, o, wait)
+	ls, err := acquire()
 	if obs != nil && !errors.Is(err, ErrInvalid) {
 		ev := Event{Kind: EventAcquired, Context: ctx, Name: name, Duration: time.Since(start), Err: err}
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,7 @@ func (d *lossDriver) TryAcquire(ctx context.Context, req driver.Request) (*drive
 }
 
 type lossHandle struct {
+	released   atomic.Bool
 	mu         sync.Mutex
 	lost       bool
 	onLost     func()
@@ -39,7 +41,7 @@ type lossHandle struct {
 }
 
 func (h *lossHandle) Refresh(context.Context, time.Duration) (time.Duration, error) { return 0, nil }
-func (h *lossHandle) Release(context.Context) error                                 { return nil }
+func (h *lossHandle) Release(context.Context) error                                 { h.released.Store(true); return nil }
 func (h *lossHandle) Held(context.Context) (bool, error)                            { return true, nil }
 
 // OnLost implements driver.LossNotifier.

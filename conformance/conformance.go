@@ -78,6 +78,9 @@ func RunConfig(t *testing.T, h Harness, cfg Config) {
 	for _, tc := range workTests {
 		runTest(t, h, caps, cfg, tc)
 	}
+	for _, tc := range allTests {
+		runTest(t, h, caps, cfg, tc)
+	}
 }
 
 // RunChaos runs the Chaos section alone, for a harness that breaks the

@@ -110,6 +110,7 @@ type interval struct {
 	who      int
 	write    bool // for read/write locks
 	fence    uint64
+	names    []string // for AcquireAll
 }
 
 // hold records the interval of ls, held until now (or its ValidUntil).

@@ -1,0 +1,133 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/memory"
+)
+
+// Bad input to AcquireAll fails with ErrInvalid before the driver is asked
+// anything.
+func TestAcquireAllInvalid(t *testing.T) {
+	d := &lossDriver{handles: make(chan *lossHandle, 1)}
+	l, err := dlock.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	many := make([]string, dlock.MaxAcquireAll+1)
+	for i := range many {
+		many[i] = fmt.Sprint(i)
+	}
+	for _, tc := range []struct {
+		why   string
+		ctx   context.Context
+		names []string
+	}{
+		{"nil ctx", nil, []string{"a", "b"}},
+		{"no names", context.Background(), nil},
+		{"a name twice", context.Background(), []string{"a", "b", "a"}},
+		{"an empty name", context.Background(), []string{"a", ""}},
+		{"too many names", context.Background(), many},
+	} {
+		if _, err := l.AcquireAll(tc.ctx, tc.names, nil); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("AcquireAll with %s: %v; want ErrInvalid", tc.why, err)
+		}
+		if _, err := l.TryAcquireAll(tc.ctx, tc.names, nil); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("TryAcquireAll with %s: %v; want ErrInvalid", tc.why, err)
+		}
+	}
+	if len(d.handles) > 0 {
+		t.Error("the driver was asked for a lock")
+	}
+}
+
+// When the backend reports one name of an AcquireAll lease gone, the whole
+// lease ends with ErrLost naming it, and the other names are given back.
+func TestAcquireAllPartLostEndsAll(t *testing.T) {
+	d := &lossDriver{handles: make(chan *lossHandle, 3)}
+	l, err := dlock.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	defer l.Close(ctx)
+	ls, err := l.AcquireAll(ctx, []string{"c", "a", "b"}, &dlock.Options{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := <-d.handles, <-d.handles, <-d.handles // taken in sorted order
+	b.drop()
+	select {
+	case <-ls.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end when one of its names was lost")
+	}
+	if err := ls.Err(); !errors.Is(err, dlock.ErrLost) || !strings.Contains(err.Error(), `"b"`) {
+		t.Errorf("Err() = %v; want ErrLost naming \"b\"", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !a.released.Load() || !c.released.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("names still held after the lease was lost: a released %v, c released %v", a.released.Load(), c.released.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := ls.Release(ctx); !errors.Is(err, dlock.ErrLost) {
+		t.Errorf("Release after the loss: %v; want ErrLost", err)
+	}
+}
+
+// The watchdog refreshes every name of an AcquireAll lease: after many TTLs
+// each is still the lease's; Close releases them all.
+func TestAcquireAllRefreshedAndClosed(t *testing.T) {
+	s := memory.NewStore()
+	a, err := memory.New(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := memory.New(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	ctx := context.Background()
+	names := []string{"x", "y", "z"}
+	ls, err := a.AcquireAll(ctx, names, &dlock.Options{TTL: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := map[string]string{}
+	for _, n := range names {
+		first[n], _, _ = s.Holder(n)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if ls.Err() != nil {
+		t.Fatalf("lease ended: %v", ls.Err())
+	}
+	for _, n := range names {
+		if tok, _, ok := s.Holder(n); !ok || tok != first[n] {
+			t.Errorf("%q after 10 TTLs: held %v by %q; want its first holder %q", n, ok, tok, first[n])
+		}
+		if _, err := b.TryAcquire(ctx, n, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Errorf("TryAcquire(%q): %v; want ErrNotAcquired", n, err)
+		}
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(ls.Err(), dlock.ErrNotHeld) {
+		t.Errorf("Err after Close = %v", ls.Err())
+	}
+	for _, n := range names {
+		if _, _, ok := s.Holder(n); ok {
+			t.Errorf("%q still held after Close", n)
+		}
+	}
+}
