@@ -79,6 +79,18 @@
 //		return migrate(ctx, fence)
 //	})
 //
+// # Several names, all or nothing
+//
+// [Locker.AcquireAll] returns one lease holding every name, or none of them:
+//
+//	lease, err := locker.AcquireAll(ctx, []string{"account/7", "account/9"}, nil)
+//	fences, _ := lease.Fences() // one per name, in the order of lease.Names()
+//
+// It takes the names in sorted order, so two AcquireAll calls never
+// deadlock on each other; the lease is refreshed, released and lost as a
+// whole (a lost name is named in the error, the others are given back).
+// [Locker.TryAcquireAll] fails at the first busy name and keeps nothing.
+//
 // # Semaphores, read/write locks, leader election
 //
 // The same leases, for other shapes of exclusion ([Locker.Semaphore],
