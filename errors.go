@@ -36,6 +36,11 @@ var (
 	// not be refreshed before its ValidUntil. Matches ErrNotHeld.
 	ErrLost = driver.ErrLost
 
+	// ErrTakenOver: another owner holds the lock now: it was stolen
+	// (Locker.Steal) or taken after it expired. A lease that ended so has an
+	// Err matching ErrLost, and ErrTakenOver where the driver can tell.
+	ErrTakenOver = driver.ErrTakenOver
+
 	// ErrReleased: the lease was released by its holder. Matches ErrNotHeld.
 	ErrReleased = driver.ErrReleased
 

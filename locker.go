@@ -101,6 +101,7 @@ type object struct {
 	name  string
 	kind  driver.Kind
 	limit int
+	steal bool // taken over from its holder (Locker.Steal), not acquired
 }
 
 func (l *Locker) acquire(ctx context.Context, obj object, opts *Options, wait bool) (*Lease, error) {
@@ -180,6 +181,8 @@ func (l *Locker) acquireValid(ctx context.Context, obj object, o Options, wait b
 		err  error
 	)
 	switch {
+	case obj.steal:
+		g, sent, err = l.stealAttempt(actx, req)
 	case !wait:
 		g, sent, err = l.attempt(actx, req)
 	case l.waiter != nil:

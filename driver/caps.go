@@ -42,6 +42,13 @@ type Capabilities struct {
 	// strictly increases with every grant of the same semaphore. Fencing
 	// alone covers locks and the write side of read/write locks.
 	PermitFencing bool
+	// Steal: the driver takes held locks over (Stealer, Locker.Steal).
+	Steal bool
+	// StealNotified: the previous holder of a stolen lock hears of it
+	// from the backend (a watch, a notification) as soon as the steal
+	// happens; without it, at its next refresh.
+	StealNotified bool
+
 	// RWLock: the driver grants KindRead and KindWrite requests
 	// (Locker.RWLock). Fencing, when declared, covers the write side: a
 	// writer's token strictly increases with every write grant of the name.

@@ -93,6 +93,20 @@ type Abandoner interface {
 	Abandon(ctx context.Context, req Request) error
 }
 
+// Stealer is implemented by drivers that can take a held lock over, for
+// Locker.Steal (operators breaking a stuck lock). Steal makes req.Token the
+// holder of req.Name's lock (KindLock) at once, whoever held it, or if
+// nobody did, with a fence above every earlier grant of the name when the
+// driver declares Fencing; waiters queued for the name keep their places.
+// The previous holder's later Refresh, Release and Held find the lock not
+// theirs (ErrNotHeld, wrapping ErrTakenOver where the driver can tell);
+// with Capabilities.StealNotified the backend tells it sooner, through its
+// handle's LossNotifier. A Steal that fails after its request was sent is
+// abandoned as a failed TryAcquire is (see Abandoner).
+type Stealer interface {
+	Steal(ctx context.Context, req Request) (*Grant, error)
+}
+
 // Request is one acquisition attempt.
 type Request struct {
 	Name     string

@@ -26,6 +26,13 @@ var (
 	// ErrReleased: the lease was released by its holder. Matches ErrNotHeld.
 	ErrReleased error = &notHeldError{"dlock: lease released"}
 
+	// ErrTakenOver: the lock is held by another owner who took it over
+	// (Locker.Steal), or took it after it expired. Matches ErrNotHeld; a
+	// driver wraps it in the ErrNotHeld of a Refresh, Release or Held that
+	// finds another owner's token, where it can tell that from a lock
+	// that is simply gone.
+	ErrTakenOver error = &notHeldError{"dlock: lock taken over by another owner"}
+
 	// ErrClosed: the Locker was closed.
 	ErrClosed = errors.New("dlock: locker closed")
 

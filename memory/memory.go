@@ -165,7 +165,7 @@ const MinTTL = 10 * time.Millisecond
 
 func (d *driver) Capabilities() dlock.Capabilities {
 	return dlock.Capabilities{Fencing: true, NotifiedWait: true, MinTTL: MinTTL,
-		Metadata: true, Semaphore: true, PermitFencing: true, RWLock: true}
+		Metadata: true, Semaphore: true, PermitFencing: true, RWLock: true, Steal: true}
 }
 
 func (d *driver) Close() error { return nil }
@@ -240,6 +240,35 @@ func (h *handle) mine(now time.Time) *entry {
 	return nil
 }
 
+// notMine is the error of an operation that found the lock not the
+// handle's: ErrTakenOver when another owner holds it; s.mu held.
+func (h *handle) notMine(now time.Time) error {
+	if h.kind == dlockdriver.KindLock && h.d.s.live(h.name, now) != nil {
+		return dlock.ErrTakenOver
+	}
+	return dlock.ErrNotHeld
+}
+
+// Steal makes req.Token the holder of req.Name at once, with the next fence
+// (dlockdriver.Stealer); the previous holder finds out at its next refresh.
+func (d *driver) Steal(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	var fence uint64
+	err := d.link.Do(ctx, func() error {
+		s := d.s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		now := time.Now()
+		s.fence++
+		fence = s.fence
+		s.locks[req.Name] = &entry{token: req.Token, expires: now.Add(req.TTL), fence: fence, metadata: req.Metadata, since: now}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &dlockdriver.Grant{Handle: &handle{d: d, name: req.Name, token: req.Token}, Fence: fence}, nil
+}
+
 func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	return ttl, h.d.link.Do(ctx, func() error {
 		s := h.d.s
@@ -248,7 +277,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 		now := time.Now()
 		e := h.mine(now)
 		if e == nil {
-			return dlock.ErrNotHeld
+			return h.notMine(now)
 		}
 		e.expires = now.Add(ttl)
 		return nil
@@ -262,7 +291,7 @@ func (h *handle) Release(ctx context.Context) error {
 		defer s.mu.Unlock()
 		now := time.Now()
 		if h.mine(now) == nil {
-			return dlock.ErrNotHeld
+			return h.notMine(now)
 		}
 		if h.kind != dlockdriver.KindLock {
 			h.releaseKind(now)
@@ -327,7 +356,7 @@ func (d *driver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle, ttls
 				ent.expires = now.Add(ttls[i])
 				g[i] = ttls[i]
 			} else {
-				e[i] = dlock.ErrNotHeld
+				e[i] = h.(*handle).notMine(now)
 			}
 		}
 		s.mu.Unlock()

@@ -7,6 +7,8 @@
 //	                      run a command while holding a lock
 //	dlock inspect [-json] URL [NAME | -prefix P]
 //	                      show who holds a lock and who waits
+//	dlock steal [-yes] URL NAME
+//	                      take a stuck lock over, telling its holder
 //	dlock version         show dlock's version, commit and Go version
 //	dlock help [command]  show help
 //
@@ -47,6 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runMain(ctx, rest, stdout, stderr)
 	case "inspect":
 		return inspectMain(ctx, rest, stdout, stderr)
+	case "steal":
+		return stealMain(ctx, rest, os.Stdin, stdout, stderr)
 	case "version", "-version", "--version":
 		return versionMain(rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
@@ -63,6 +67,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return runMain(ctx, []string{"-h"}, stdout, stdout)
 		case "inspect":
 			return inspectMain(ctx, []string{"-h"}, stdout, stdout)
+		case "steal":
+			return stealMain(ctx, []string{"-h"}, nil, stdout, stdout)
 		}
 		fmt.Fprintf(stderr, "dlock help: unknown command %q\n", rest[0])
 		return 2
@@ -87,6 +93,9 @@ Usage:
 	dlock inspect [-json] URL [NAME | -prefix P]
 	                      show who holds a lock, since when, its TTL left,
 	                      fence and waiters (dlock help inspect)
+	dlock steal [-yes] URL NAME
+	                      break a stuck lock: take it over (its holder
+	                      hears it lost) and release it (dlock help steal)
 	dlock version         show dlock's version, commit and Go version
 	                      (also dlock --version)
 	dlock help [command]  show help, e.g. dlock help bench
