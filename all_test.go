@@ -131,3 +131,54 @@ func TestAcquireAllRefreshedAndClosed(t *testing.T) {
 		}
 	}
 }
+
+// A watchdog refresh of an AcquireAll lease that fails (a connection reset)
+// is tried again, alone: on a driver that batches refreshes (memory does),
+// the retry must not join a batch of single leases, whose requests the
+// driver builds from its own handles (redlock panicked on one).
+func TestAcquireAllRefreshRetried(t *testing.T) {
+	link := memory.NewLink()
+	l, err := memory.New(memory.NewStore(), &memory.Options{Link: link})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	defer l.Close(ctx)
+	failed := make(chan struct{}, 1)
+	l.SetObserver(dlock.Observer{Hook: func(ev dlock.Event) {
+		if ev.Kind == dlock.EventRefreshFailed {
+			select {
+			case failed <- struct{}{}:
+			default:
+			}
+		}
+	}})
+	// A single lease beside it, so that batches exist.
+	single, err := l.Acquire(ctx, "single", &dlock.Options{TTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := l.AcquireAll(ctx, []string{"p", "q"}, &dlock.Options{TTL: 3 * time.Second, RefreshInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link.Blackhole()
+	time.Sleep(200 * time.Millisecond) // a refresh is hanging by now
+	link.Heal()                        // it fails with ErrLinkReset
+	select {
+	case <-failed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no refresh failed")
+	}
+	for range 3 { // the retry and two more rounds
+		<-time.After(150 * time.Millisecond)
+		if ok, err := ls.Held(ctx); !ok || err != nil {
+			t.Fatalf("Held after a failed refresh = %v, %v", ok, err)
+		}
+	}
+	if vu := time.Until(ls.ValidUntil()); vu < 2*time.Second {
+		t.Errorf("ValidUntil %v away: the watchdog did not refresh after the failure", vu)
+	}
+	_ = single.Release(ctx)
+	_ = ls.Release(ctx)
+}

@@ -256,7 +256,7 @@ func (ls *Lease) afterTick(err error, until time.Time) {
 		// With slack, the leases of a batch that failed as a whole try
 		// again together, not one request each.
 		d := ls.retry.Next()
-		ls.l.sched.scheduleSlack(&ls.tick, time.Now().Add(d), d/2)
+		ls.l.sched.scheduleSlack(&ls.tick, time.Now().Add(d), ls.slack(d/2))
 	}
 }
 
@@ -438,11 +438,17 @@ func (ls *Lease) applyRefresh(sent time.Time, ttl, granted time.Duration, err er
 // batch; ls.mu held or not yet shared.
 func (ls *Lease) scheduleTick(sent time.Time) {
 	iv := ls.interval()
-	slack := iv / 10
+	ls.l.sched.scheduleSlack(&ls.tick, sent.Add(iv), ls.slack(iv/10))
+}
+
+// slack is how much earlier than due the watchdog's tick may run in a
+// batch: d, or none for an AcquireAll lease, which is never in a batch
+// (its handle is no driver's: it batches its parts itself).
+func (ls *Lease) slack(d time.Duration) time.Duration {
 	if ls.parts != nil {
-		slack = 0 // an AcquireAll lease is never in a batch: it batches its parts itself
+		return 0
 	}
-	ls.l.sched.scheduleSlack(&ls.tick, sent.Add(iv), slack)
+	return d
 }
 
 // interval is the watchdog period for the current TTL; ls.mu held or not yet
