@@ -191,6 +191,7 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		PermitFencing: !d.compat,
 		RWLock:        !d.compat,
 		Metadata:      !d.compat,
+		Steal:         true,
 	}
 }
 
@@ -504,6 +505,9 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 	}
 	if n == 0 {
 		return 0, fmt.Errorf("%w: redis: %q does not hold this lease's token", dlock.ErrNotHeld, h.keys[0])
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("%w: redis: %q holds another lease's token", dlock.ErrTakenOver, h.keys[0])
 	}
 	if err := h.d.syncReplicas(ctx); err != nil {
 		return 0, fmt.Errorf("redis: refreshing %q: %w", h.keys[0], err)

@@ -7,11 +7,16 @@
 -- ARGV[1]  the lease token
 -- ARGV[2]  the new TTL in milliseconds
 --
--- Returns 1 when the key held the token and its TTL was set, 0 otherwise.
-if redis.call("GET", KEYS[1]) == ARGV[1] then
+-- Returns 1 when the key held the token and its TTL was set, -1 when
+-- another token holds it (taken over), 0 when it is gone.
+local v = redis.call("GET", KEYS[1])
+if v == ARGV[1] then
 	if KEYS[2] then
 		redis.call("PEXPIRE", KEYS[2], ARGV[2])
 	end
 	return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
+if v then
+	return -1
 end
 return 0

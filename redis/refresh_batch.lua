@@ -6,17 +6,21 @@
 -- ARGV     per lease three values: its token, its new TTL in milliseconds,
 --          and how many keys it has (1 or 2)
 --
--- Returns per lease 1 when its TTL was set, 0 when it did not hold.
+-- Returns per lease 1 when its TTL was set, -1 when another token holds
+-- its lock (taken over), 0 when the lock is gone.
 local out = {}
 local k = 1
 for i = 1, #ARGV, 3 do
 	local n = tonumber(ARGV[i + 2])
 	local r = 0
-	if redis.call("GET", KEYS[k]) == ARGV[i] then
+	local v = redis.call("GET", KEYS[k])
+	if v == ARGV[i] then
 		if n == 2 then
 			redis.call("PEXPIRE", KEYS[k + 1], ARGV[i + 1])
 		end
 		r = redis.call("PEXPIRE", KEYS[k], ARGV[i + 1])
+	elseif v then
+		r = -1
 	end
 	out[#out + 1] = r
 	k = k + n
