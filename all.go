@@ -226,8 +226,11 @@ func (ls *Lease) stopWatchdog() {
 }
 
 // multiHandle is the driver.Handle of an AcquireAll's lease: each operation
-// on every part at once. The whole lease's ops serialise them, so the parts'
-// own are not taken: nothing else uses the parts once composed.
+// on every part at once, each part's under its own ops, as a lease's
+// operations are: a part being given back (Lease.endParts) while the
+// whole's refresh is still on its way must wait for it, since a driver
+// need not take two requests of one handle at once (postgres runs them on
+// the lease's one connection: busy run 15 found the race).
 type multiHandle struct {
 	parts []*Lease
 	batch driver.BatchRefresher // the driver's, when it refreshes many in one request
@@ -237,6 +240,19 @@ type multiHandle struct {
 // returns the shortest TTL granted. A part that is no longer held ends (and
 // with it the whole lease); the error names it.
 func (m *multiHandle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	for i, p := range m.parts {
+		if err := p.lockOps(ctx); err != nil {
+			for _, q := range m.parts[:i] {
+				q.unlockOps()
+			}
+			return 0, err
+		}
+	}
+	defer func() {
+		for _, p := range m.parts {
+			p.unlockOps()
+		}
+	}()
 	sent := time.Now()
 	var errs []error
 	if m.batch != nil {

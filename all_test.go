@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlock/dlock"
+	"github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/memory"
 )
 
@@ -181,4 +183,91 @@ func TestAcquireAllRefreshRetried(t *testing.T) {
 	}
 	_ = single.Release(ctx)
 	_ = ls.Release(ctx)
+}
+
+// overlapDriver grants every TryAcquire; its handles record a Release or
+// Held that runs while a Refresh of the same handle is still running, which
+// a driver need not allow (postgres runs both on one connection). With
+// hang set, Refresh waits for its ctx to end and then a little more, as a
+// driver still reading its connection does.
+type overlapDriver struct {
+	hang    atomic.Bool
+	overlap atomic.Bool
+	handles []*overlapHandle // in grant order; AcquireAll's are sequential
+}
+
+func (d *overlapDriver) Capabilities() dlock.Capabilities { return dlock.Capabilities{} }
+func (d *overlapDriver) Close() error                     { return nil }
+func (d *overlapDriver) TryAcquire(ctx context.Context, req driver.Request) (*driver.Grant, error) {
+	h := &overlapHandle{d: d, lost: make(chan func(), 1)}
+	d.handles = append(d.handles, h)
+	return &driver.Grant{Handle: h}, nil
+}
+
+type overlapHandle struct {
+	d        *overlapDriver
+	inflight atomic.Int32
+	lost     chan func()
+}
+
+// OnLost implements driver.LossNotifier; the test calls the function.
+func (h *overlapHandle) OnLost(f func()) { h.lost <- f }
+
+func (h *overlapHandle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	h.inflight.Add(1)
+	defer h.inflight.Add(-1)
+	if h.d.hang.Load() {
+		<-ctx.Done()
+		time.Sleep(20 * time.Millisecond)
+		return 0, ctx.Err()
+	}
+	return ttl, nil
+}
+
+func (h *overlapHandle) Release(context.Context) error {
+	if h.inflight.Load() > 0 {
+		h.d.overlap.Store(true)
+	}
+	return nil
+}
+
+func (h *overlapHandle) Held(context.Context) (bool, error) { return true, nil }
+
+// When one name of an AcquireAll lease is lost while the watchdog's refresh
+// of them all hangs, the others are given back only after that refresh
+// returned: no part's Release overlaps its Refresh (busy run 15: a data
+// race on a postgres connection).
+func TestAcquireAllGiveBackAfterRefresh(t *testing.T) {
+	d := &overlapDriver{}
+	l, err := dlock.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	defer l.Close(ctx)
+	ls, err := l.AcquireAll(ctx, []string{"a", "b", "c"}, &dlock.Options{TTL: time.Minute, RefreshInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := d.handles[0]
+	d.hang.Store(true)
+	deadline := time.Now().Add(5 * time.Second)
+	for a.inflight.Load() == 0 { // the watchdog's refresh is on its way
+		if time.Now().After(deadline) {
+			t.Fatal("no refresh started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	(<-a.lost)() // the backend reports "a" gone
+	select {
+	case <-ls.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease did not end when a name was lost")
+	}
+	if err := l.Close(ctx); err != nil { // waits for the give-back
+		t.Fatal(err)
+	}
+	if d.overlap.Load() {
+		t.Error("a part was released while its refresh was still running")
+	}
 }
