@@ -59,6 +59,7 @@ type acquisition struct {
 	own     *releaseWatch // the attempt's wait, or else the one waiter of this Locker on the name, if there is one
 	wait    *releaseWatch // the attempt's wait, when it has a hand-off token
 	adopt   bool          // take over nodes handed to the wait (see acquire.lua)
+	steal   bool          // take the lock whoever holds it (steal.lua, Steal)
 
 	// first bounds every node's first request, detached from the caller's
 	// ctx; the last of them to end cancels it.
@@ -122,6 +123,29 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		}
 		wait.mu.Unlock()
 	}
+	a := d.newAcquisition(req)
+	a.regs, a.own = d.tickets(req.Name)
+	if wait != nil {
+		a.own, a.wait, a.adopt = wait, wait, adopt
+	}
+	return a.run(ctx)
+}
+
+// Steal takes req.Name over on every node at once with steal.lua
+// (dlockdriver.Stealer): each node that answers grants, and the steal is
+// decided as an acquisition is, on a majority at one fencing token. A
+// steal that fails (no majority answered in time) gives back the nodes it
+// took, which then no longer hold the previous holder's lock either: that
+// holder's next refresh may find too few. Waiters keep their places in
+// every node's queue.
+func (d *driver) Steal(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
+	a := d.newAcquisition(req)
+	a.steal = true
+	return a.run(ctx)
+}
+
+// newAcquisition returns the acquisition of req, not started.
+func (d *driver) newAcquisition(req dlockdriver.Request) *acquisition {
 	n := len(d.nodes)
 	a := &acquisition{
 		d: d, req: req, keys: d.keys(req.Name), px: millis(req.TTL), timeout: d.timeout(req.TTL),
@@ -136,15 +160,17 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	a.h = &handle{d: d, keys: a.keys, token: req.Token, ttl: req.TTL,
 		acquired: make([]chan struct{}, n), released: make([]bool, n), unsure: make([]bool, n)}
 	a.announce = true
-	a.regs, a.own = d.tickets(req.Name)
-	if wait != nil {
-		a.own, a.wait, a.adopt = wait, wait, adopt
-	}
 	for i := range n {
 		a.h.acquired[i] = make(chan struct{})
 		a.again[i] = make(chan struct{}, 1)
 		a.fences[i] = make(chan uint64, 1)
 	}
+	return a
+}
+
+// run sends the acquisition's first requests to every node and decides.
+func (a *acquisition) run(ctx context.Context) (*dlockdriver.Grant, error) {
+	n := len(a.d.nodes)
 	a.first, a.cancelFirst = nodeCtx(ctx, a.timeout, true)
 	a.firstLeft.Store(int32(n))
 	for i := range n {
@@ -180,7 +206,13 @@ func (a *acquisition) ask(ctx context.Context, i int) {
 				waitToken = a.wait.id
 			}
 			var r acqReply
-			if first {
+			if a.steal {
+				r = nd.steal(a.first, a.keys, a.req.Token, a.px)
+				first = false
+				if a.firstLeft.Add(-1) == 0 {
+					a.cancelFirst()
+				}
+			} else if first {
 				// Every node's first request shares one bound: they all
 				// leave now (a timer per request costs more than the rest
 				// of the client's work).
@@ -562,6 +594,19 @@ func (nd *node) acquireIn(nctx context.Context, keys []string, token string, px 
 		r.holder, _ = v[2].(string)
 	}
 	return r
+}
+
+// steal runs steal.lua on the node, bounded by nctx, a detached context
+// made by nodeCtx.
+func (nd *node) steal(nctx context.Context, keys []string, token string, px int64) acqReply {
+	res, err := stealScript.Run(nctx, nd.c, keys, token, px).Result()
+	if err != nil {
+		return acqReply{err: fmt.Errorf("%s: %w", nd.name, err)}
+	}
+	if f, ok := res.(int64); ok && f > 0 {
+		return acqReply{granted: true, counter: uint64(f)}
+	}
+	return acqReply{granted: true} // compat: {1, 0}
 }
 
 // fence runs fence.lua on the node, detached from ctx as acquire is.

@@ -29,6 +29,10 @@ var (
 	acquireLua    string
 	acquireScript = goredis.NewScript(acquireLua)
 
+	//go:embed steal.lua
+	stealLua    string
+	stealScript = goredis.NewScript(stealLua)
+
 	//go:embed fence.lua
 	fenceLua    string
 	fenceScript = goredis.NewScript(fenceLua)
@@ -242,6 +246,7 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		Fencing:      !d.compat,
 		NotifiedWait: true,
 		MinTTL:       MinTTL,
+		Steal:        true,
 	}
 }
 

@@ -43,7 +43,8 @@ that offers them: a permit's acquire+release p50/p99, permits/s with
 -workers workers sharing a semaphore of -limit, a read lock's
 acquire+release, and leader failover time (from a leader that stops
 refreshing to the next candidate's Elect returning) against the leaders'
-TTL. Servers are started in Docker on 127.0.0.1 unless -url names one.
+TTL, and AcquireAll of 2, 5 and 20 names against as many single
+acquisitions. Servers are started in Docker on 127.0.0.1 unless -url names one.
 
 Flags:
 `)

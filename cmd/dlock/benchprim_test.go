@@ -42,6 +42,21 @@ func TestBenchPrimitivesRedlock(t *testing.T) {
 	if len(row) != 9 || strings.Join(row[1:], " ") != "- - - - - - - -" {
 		t.Errorf("redlock row %q, want '-' in every column, in:\n%s", row, out)
 	}
+	// AcquireAll needs nothing of the driver: a row per size, each with a
+	// ratio to the single acquisitions.
+	at := strings.Index(out, "AcquireAll of k names")
+	if at < 0 {
+		t.Fatalf("no AcquireAll table in:\n%s", out)
+	}
+	var sizes []string
+	for line := range strings.Lines(out[at:]) {
+		if f := strings.Fields(line); len(f) == 7 && f[0] == "redlock" && strings.HasSuffix(f[6], "×") {
+			sizes = append(sizes, f[1])
+		}
+	}
+	if strings.Join(sizes, ",") != "2,5,20" {
+		t.Errorf("AcquireAll rows for sizes %q, want 2,5,20, in:\n%s", sizes, out)
+	}
 	for _, want := range []string{"redlock: no semaphore", "redlock: no rwlock", "redlock: no election"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)

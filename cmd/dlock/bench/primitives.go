@@ -31,7 +31,10 @@ type PrimConfig struct {
 	Failover int           // failovers timed; default 5
 	// TTL of the leaders in the failover rounds: default the larger of 1s
 	// and the backend's MinTTL.
-	TTL      time.Duration
+	TTL time.Duration
+	// AllSizes are the numbers of names AcquireAll is timed with; default
+	// 2, 5 and 20.
+	AllSizes []int
 	Progress io.Writer
 }
 
@@ -51,6 +54,9 @@ func (c PrimConfig) withDefaults() PrimConfig {
 	if c.Failover <= 0 {
 		c.Failover = 5
 	}
+	if len(c.AllSizes) == 0 {
+		c.AllSizes = []int{2, 5, 20}
+	}
 	return c
 }
 
@@ -64,7 +70,15 @@ type PrimResult struct {
 	Read         *Latency      // RLock+release, one worker
 	Failover     *Latency      // leader stops refreshing → the next candidate's Elect returns
 	FailoverTTL  time.Duration // the leaders' TTL as granted (etcd raises short ones)
+	All          []AllFigure   // AcquireAll against as many single acquisitions
 	Errors       []string
+}
+
+// AllFigure is AcquireAll of K names + Release, against K Acquire calls one
+// after another + K Releases, through one Locker, nobody else on the names.
+type AllFigure struct {
+	K            int
+	All, Singles Latency
 }
 
 // RunPrimitives measures every target.
@@ -143,6 +157,15 @@ func RunPrimitives(ctx context.Context, cfg PrimConfig, targets []PrimTarget) []
 		} else {
 			res.Unsupported = append(res.Unsupported, "election")
 		}
+		for _, k := range cfg.AllSizes {
+			f, err := allVsSingles(ctx, cfg, t, fmt.Sprintf("%s:all%d", name, k), k)
+			if err != nil {
+				fail(fmt.Sprintf("AcquireAll of %d", k), err)
+				continue
+			}
+			res.All = append(res.All, f)
+			say("%-9s AcquireAll of %d p50 %s, %d single acquisitions p50 %s", t.Backend, k, FormatDuration(f.All.P50), k, FormatDuration(f.Singles.P50))
+		}
 		out = append(out, res)
 	}
 	return out
@@ -177,6 +200,53 @@ func primLatency(ctx context.Context, cfg PrimConfig, t PrimTarget, prep func(*d
 		}
 	}
 	return Summarize(samples, time.Since(start)), nil
+}
+
+// allVsSingles times AcquireAll of k names + Release, and k Acquire + k
+// Release, cfg.N/4 samples each (at least 10), alternating, through one
+// Locker.
+func allVsSingles(ctx context.Context, cfg PrimConfig, t PrimTarget, prefix string, k int) (AllFigure, error) {
+	l, err := t.Open(ctx)
+	if err != nil {
+		return AllFigure{}, err
+	}
+	defer closeLocker(l)
+	names := make([]string, k)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s/%02d", prefix, i)
+	}
+	n := max(cfg.N/4, 10)
+	all := make([]time.Duration, 0, n)
+	singles := make([]time.Duration, 0, n)
+	held := make([]*dlock.Lease, k)
+	var allTook, singlesTook time.Duration
+	for i := range n + 2 { // the first 2 warm up
+		t0 := time.Now()
+		ls, err := l.AcquireAll(ctx, names, nil)
+		if err != nil {
+			return AllFigure{}, err
+		}
+		if err := ls.Release(ctx); err != nil {
+			return AllFigure{}, err
+		}
+		t1 := time.Now()
+		for j, name := range names {
+			if held[j], err = l.Acquire(ctx, name, nil); err != nil {
+				return AllFigure{}, err
+			}
+		}
+		for _, ls := range held {
+			if err := ls.Release(ctx); err != nil {
+				return AllFigure{}, err
+			}
+		}
+		t2 := time.Now()
+		if i >= 2 {
+			all, singles = append(all, t1.Sub(t0)), append(singles, t2.Sub(t1))
+			allTook, singlesTook = allTook+t1.Sub(t0), singlesTook+t2.Sub(t1)
+		}
+	}
+	return AllFigure{K: k, All: Summarize(all, allTook), Singles: Summarize(singles, singlesTook)}, nil
 }
 
 // semThroughput runs cfg.Workers workers, each with its own Locker, taking
@@ -287,6 +357,23 @@ func WritePrimitivesText(w io.Writer, cfg PrimConfig, results []PrimResult) erro
 		"grant (it never refreshes: its process stopped) to the waiting candidate's Elect returning; compare with\n"+
 		"the leader's TTL. '-': not measured: the backend does not offer the primitive (\"no ...\" below) or\n"+
 		"the measurement failed (ERROR below).")
+	fmt.Fprintln(w, "\nAcquireAll of k names + Release, against k single Acquire calls one after another + k Releases\n"+
+		"(one Locker, nobody else on the names):")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "backend\tk\tAcquireAll p50\tp99\tk singles p50\tp99\tratio (p50)")
+	for _, r := range results {
+		for _, f := range r.All {
+			ratio := "-"
+			if f.Singles.P50 > 0 {
+				ratio = fmt.Sprintf("%.2f×", float64(f.All.P50)/float64(f.Singles.P50))
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Backend, f.K, FormatDuration(f.All.P50), FormatDuration(f.All.P99),
+				FormatDuration(f.Singles.P50), FormatDuration(f.Singles.P99), ratio)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	for _, r := range results {
 		for _, u := range r.Unsupported {
 			fmt.Fprintf(w, "%s: no %s\n", r.Backend, u)
