@@ -45,22 +45,26 @@ func testStealTakesOver(s *suite) {
 	waiter := background(func() (*dlock.Lease, error) { return c.Acquire(s.ctx, name, nil) })
 	s.queued(name, before, s.cfg.TTL/5)
 
+	start := time.Now()
 	lb, err := b.Steal(s.ctx, name, nil)
 	if err != nil {
 		s.t.Fatalf("Steal of a held lock: %v", err)
 	}
 	stolen := time.Now()
+	took := stolen.Sub(start)
 	if _, err := a.TryAcquire(s.ctx, name, nil); !errors.Is(err, dlock.ErrNotAcquired) {
 		s.t.Fatalf("TryAcquire after the steal: %v; want ErrNotAcquired", err)
 	}
 
 	// The old holder hears: at once where the backend notifies, else at
-	// its next refresh (TTL/3 after its last one, at most).
-	bound := s.tol()
-	how := "StealNotified: the tolerance"
+	// its next refresh (TTL/3 after its last one, at most). Either way
+	// its request takes a round trip or two, as the steal's own did on
+	// this machine at this load: twice that is allowed.
+	bound := s.tol() + 2*took
+	how := "StealNotified: the tolerance + twice the steal's own time"
 	if !s.caps.StealNotified {
 		bound += la.TTL() / 3
-		how = "its refresh interval (TTL/3) + the tolerance"
+		how = "its refresh interval (TTL/3) + the tolerance + twice the steal's own time"
 	}
 	select {
 	case <-la.Done():
