@@ -239,3 +239,58 @@ var metrics printMetrics
 type printMetrics struct{}
 
 func (printMetrics) Observe(kind, name string, d time.Duration) { fmt.Println(kind, name) }
+
+func ExampleLocker_AcquireAll() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-all?ttl=10s")
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close(ctx)
+
+	// A transfer between two accounts holds both, or neither: names are
+	// taken in sorted order, so a transfer the other way cannot deadlock it.
+	lease, err := locker.AcquireAll(ctx, []string{"account/9", "account/7"}, nil)
+	if err != nil {
+		panic(err)
+	}
+	fences, _ := lease.Fences()
+	fmt.Println(lease.Names(), len(fences))
+
+	_, err = locker.TryAcquire(ctx, "account/7", nil)
+	fmt.Println(errors.Is(err, dlock.ErrNotAcquired))
+
+	if err := lease.Release(ctx); err != nil { // frees both
+		panic(err)
+	}
+	// Output:
+	// [account/7 account/9] 2
+	// true
+}
+
+func ExampleLocker_Steal() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-steal?ttl=300ms")
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close(ctx)
+
+	stuck, err := locker.Acquire(ctx, "nightly-report", nil)
+	if err != nil {
+		panic(err)
+	}
+	// An operator breaks the lock: the new lease has a higher fence, and
+	// the old holder hears at its next refresh.
+	mine, err := locker.Steal(ctx, "nightly-report", nil)
+	if err != nil {
+		panic(err)
+	}
+	<-stuck.Done()
+	old, _ := stuck.Fence()
+	now, _ := mine.Fence()
+	fmt.Println(errors.Is(stuck.Err(), dlock.ErrTakenOver), now > old)
+	_ = mine.Release(ctx)
+	// Output:
+	// true true
+}
