@@ -91,7 +91,7 @@ func TestQueueOrder(t *testing.T) {
 		// busy attempt registers it; the requests to the other nodes may
 		// still be running): tickets are scored by when their waiter began
 		// to wait, the same on every node, so the order holds either way.
-		eventually(t, 15*time.Second, "the waiter queued on a majority", func() bool {
+		eventually(t, live(t, registerBound), "the waiter queued on a majority", func() bool {
 			queued := 0
 			for _, r := range c.raws {
 				if queueLen(ctx, t, r, name) >= int64(w+1) {
@@ -190,7 +190,7 @@ func TestQueueDeadTicket(t *testing.T) {
 		l, err := waiter.Acquire(ctx, name, nil)
 		done <- result{l, err, time.Now()}
 	}()
-	eventually(t, 5*time.Second, "the waiter queued behind the dead ticket on every node", func() bool {
+	eventually(t, live(t, registerBound), "the waiter queued behind the dead ticket on every node", func() bool {
 		for _, r := range c.raws {
 			if queueLen(ctx, t, r, name) != 2 {
 				return false
@@ -246,7 +246,7 @@ func TestQueuePassOn(t *testing.T) {
 		_, err := left.Acquire(lctx, name, nil)
 		gone <- err
 	}()
-	eventually(t, 15*time.Second, "the first waiter queued on every node", func() bool {
+	eventually(t, live(t, registerBound), "the first waiter queued on every node", func() bool {
 		for _, r := range c.raws {
 			if queueLen(ctx, t, r, name) != 1 {
 				return false
@@ -294,7 +294,7 @@ func TestQueuePassOn(t *testing.T) {
 		l, err := waiter.Acquire(ctx, name, nil)
 		done <- result{l, err, time.Now()}
 	}()
-	eventually(t, 15*time.Second, "the second waiter queued on every node", func() bool {
+	eventually(t, live(t, registerBound), "the second waiter queued on every node", func() bool {
 		for _, r := range c.raws {
 			if queueLen(ctx, t, r, name) != 2 {
 				return false
@@ -366,7 +366,7 @@ func TestQueueHandoffValidity(t *testing.T) {
 			}
 			done <- r
 		}()
-		eventually(t, 15*time.Second, "the waiter queued on every node", func() bool {
+		eventually(t, live(t, registerBound), "the waiter queued on every node", func() bool {
 			for _, r := range c.raws {
 				if queueLen(ctx, t, r, name) != 1 {
 					return false
