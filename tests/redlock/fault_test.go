@@ -41,12 +41,12 @@ func slack(t testing.TB) time.Duration {
 
 // live is d scaled by DLOCK_TOLERANCE_SCALE.
 // registerBound bounds the wait for a waiter to show in the queue of every
-// node it reaches. An attempt whose request to a node took longer than
-// the node timeout (a loaded machine) does not register there, and the
-// waiter's next attempt comes at the holder's remaining TTL, 10s or 20s in
-// these tests: two misses in a row fit (busy runs 13 and 16 missed 5s and
-// 15s). It is a precondition's wait, not what the tests check.
-const registerBound = 45 * time.Second
+// node it reaches, the lock being held on every node (holdEverywhere: a
+// node where it is free queues nobody). An attempt whose request to a node
+// took longer than the node timeout (a loaded machine) does not register
+// there; the waiter looks again at its fallback, within 2×fallbackMax
+// (6.4s). It is a precondition's wait, not what the tests check.
+const registerBound = 20 * time.Second
 
 func live(t testing.TB, d time.Duration) time.Duration {
 	t.Helper()
@@ -121,6 +121,18 @@ func (c *cluster) liveHolders(t testing.TB, key, value string, nodes ...int) int
 		}
 	}
 	return n
+}
+
+// within polls cond every 10ms for up to d and reports whether it held.
+func within(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // eventually polls cond every 10ms for up to d.
@@ -628,10 +640,7 @@ func TestNotifiedWithMinorityDown(t *testing.T) {
 	holder := newLocker(t, c.clients(t), opts)
 	waiter := newLocker(t, c.clients(t), opts)
 	name := "notified-" + testutil.RandomHex(4)
-	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ls := holdEverywhere(ctx, t, c, holder, name)
 	c.breakNodes(t, pause, 0, 4)
 	type result struct {
 		ls  *dlock.Lease
@@ -671,6 +680,29 @@ func TestNotifiedWithMinorityDown(t *testing.T) {
 
 // queued reports whether one waiter's ticket is in name's queue on the node
 // and its Locker listens for hand-offs there.
+// queueState describes name's queue and subscriptions on every node, for
+// a failure message.
+func queueState(ctx context.Context, c *cluster, name string) string {
+	lockers := map[string]bool{}
+	var b strings.Builder
+	for i, r := range c.raws {
+		tickets, err := r.ZRange(ctx, lockKey(name)+":waiters", 0, -1).Result()
+		fmt.Fprintf(&b, "node %d: tickets %q (%v); ", i, tickets, err)
+		for _, tk := range tickets {
+			locker, _, _ := strings.Cut(tk, ":")
+			lockers[locker] = true
+		}
+	}
+	for i, r := range c.raws {
+		for locker := range lockers {
+			channel := lockKey(name) + ":released:" + locker
+			m, err := r.PubSubNumSub(ctx, channel).Result()
+			fmt.Fprintf(&b, "node %d: subscribers of %s: %d (%v); ", i, locker, m[channel], err)
+		}
+	}
+	return b.String()
+}
+
 func queued(ctx context.Context, r *goredis.Client, name string) bool {
 	tickets, err := r.ZRange(ctx, lockKey(name)+":waiters", 0, -1).Result()
 	if err != nil || len(tickets) != 1 {
@@ -700,10 +732,10 @@ func TestNotifiedAfterReset(t *testing.T) {
 		}
 		return true
 	}
-	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Held on every node: a node where the lock is free queues nobody
+	// (busy runs 16 and 17: the holder's request to node 2 had outlasted
+	// the node timeout, and the waiter never showed in its queue).
+	ls := holdEverywhere(ctx, t, c, holder, name)
 	type result struct {
 		ls  *dlock.Lease
 		err error
@@ -714,7 +746,9 @@ func TestNotifiedAfterReset(t *testing.T) {
 		l, err := waiter.Acquire(ctx, name, nil)
 		done <- result{l, err, time.Now()}
 	}()
-	eventually(t, live(t, registerBound), "the waiter subscribed on every node", subscribed)
+	if !within(live(t, registerBound), subscribed) {
+		t.Fatalf("the waiter subscribed on every node: not within %v: %s", live(t, registerBound), queueState(ctx, c, name))
+	}
 	// The pub/sub connections with a subscription, per node.
 	subscribers := func() []string {
 		ids := make([]string, len(c.raws))

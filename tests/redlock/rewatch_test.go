@@ -46,10 +46,7 @@ func TestWatchRetriedOnNode(t *testing.T) {
 	clients[2] = faulty
 	waiter := newLocker(t, clients, nil)
 	name := "rewatch-" + testutil.RandomHex(4)
-	ls, err := holder.TryAcquire(ctx, name, &dlock.Options{TTL: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ls := holdEverywhere(ctx, t, c, holder, name) // a node where it is free queues nobody
 	down.Store(true)
 	type result struct {
 		ls  *dlock.Lease
@@ -73,9 +70,9 @@ func TestWatchRetriedOnNode(t *testing.T) {
 		t.Fatal("subscribed on node 2 while it refused connections")
 	}
 	down.Store(false)
-	eventually(t, live(t, 5*time.Second), "the waiter subscribed and queued on node 2 once it took connections", func() bool {
-		return queued(ctx, c.raws[2], name)
-	})
+	if !within(live(t, 5*time.Second), func() bool { return queued(ctx, c.raws[2], name) }) {
+		t.Fatalf("the waiter subscribed and queued on node 2 once it took connections: not within %v: %s", live(t, 5*time.Second), queueState(ctx, c, name))
+	}
 	if err := ls.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
