@@ -109,6 +109,24 @@ func (l *Locker) acquireAllValid(ctx context.Context, names []string, o Options,
 	po := o
 	po.NoRefresh, po.MaxHold, po.HeartbeatTimeout = false, 0, 0
 	retry := backoff.Backoff{Min: o.RetryMin, Max: o.RetryMax}
+	if ma, ok := l.d.(driver.MultiAcquirer); ok && o.Metadata == "" {
+		parts, err := l.tryAll(ctx, ma, names, po)
+		switch {
+		case err == nil:
+			ls, err := l.compose(parts, o)
+			if err == nil {
+				return ls, nil
+			}
+			l.giveBack(ctx, parts)
+			if !wait || !errors.Is(err, ErrLost) {
+				return nil, err
+			}
+		case errors.Is(err, errors.ErrUnsupported):
+		case !wait || errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed):
+			return nil, err
+		}
+		// Busy (or a backend error): wait name by name, in order.
+	}
 	for {
 		parts := make([]*Lease, 0, len(names))
 		var err error
@@ -134,6 +152,48 @@ func (l *Locker) acquireAllValid(ctx context.Context, names []string, o Options,
 			return nil, joinLine(ErrNotAcquired, ctx.Err(), err)
 		}
 	}
+}
+
+// tryAll is one attempt at every name in one request (driver.MultiAcquirer):
+// the parts, one lease per name, when all were free.
+func (l *Locker) tryAll(ctx context.Context, ma driver.MultiAcquirer, names []string, po Options) ([]*Lease, error) {
+	reqs := make([]driver.Request, len(names))
+	for i, name := range names {
+		reqs[i] = driver.Request{Name: name, Token: newToken(), TTL: po.TTL}
+	}
+	sent := time.Now()
+	gs, err := ma.TryAcquireAll(ctx, reqs)
+	if err == nil && len(gs) != len(reqs) {
+		err = fmt.Errorf("dlock: driver granted %d of %d names in one request", len(gs), len(reqs))
+	}
+	if err != nil {
+		var busy *driver.BusyError
+		if l.abandoner != nil && !errors.As(err, &busy) && !errors.Is(err, ErrInvalid) && !errors.Is(err, errors.ErrUnsupported) {
+			for _, req := range reqs {
+				l.abandon(ctx, req)
+			}
+		}
+		return nil, err
+	}
+	parts := make([]*Lease, 0, len(gs))
+	for i, g := range gs {
+		psent, err := l.checkValidity(ctx, reqs[i], g, sent)
+		var p *Lease
+		if err == nil {
+			p, err = l.newLease(reqs[i], po, g, psent)
+		}
+		if err != nil {
+			l.giveBack(ctx, parts)
+			for _, g := range gs[i+1:] {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), po.TTL)
+				_ = g.Handle.Release(rctx)
+				cancel()
+			}
+			return nil, err
+		}
+		parts = append(parts, p)
+	}
+	return parts, nil
 }
 
 // giveBack releases parts of an AcquireAll that did not complete, each

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -269,5 +270,75 @@ func TestAcquireAllGiveBackAfterRefresh(t *testing.T) {
 	}
 	if d.overlap.Load() {
 		t.Error("a part was released while its refresh was still running")
+	}
+}
+
+// multiDriver grants every TryAcquire, and takes several names in one
+// TryAcquireAll call as told by answer: nil grants them all.
+type multiDriver struct {
+	lossDriver
+	singles, multis atomic.Int32
+	answer          error
+}
+
+func (d *multiDriver) TryAcquire(ctx context.Context, req driver.Request) (*driver.Grant, error) {
+	d.singles.Add(1)
+	return &driver.Grant{Handle: &lossHandle{}}, nil
+}
+
+func (d *multiDriver) TryAcquireAll(ctx context.Context, reqs []driver.Request) ([]*driver.Grant, error) {
+	d.multis.Add(1)
+	if d.answer != nil {
+		return nil, d.answer
+	}
+	gs := make([]*driver.Grant, len(reqs))
+	for i := range gs {
+		gs[i] = &driver.Grant{Handle: &lossHandle{}}
+	}
+	return gs, nil
+}
+
+// A driver.MultiAcquirer takes AcquireAll's names in one request; when
+// they are busy TryAcquireAll fails at once and AcquireAll waits name by
+// name; when it declines (ErrUnsupported) both go name by name.
+func TestAcquireAllMultiAcquirer(t *testing.T) {
+	ctx := context.Background()
+	names := []string{"c", "a", "b"}
+	for _, tc := range []struct {
+		answer          error
+		try             bool
+		ok              bool
+		singles, multis int32
+	}{
+		{nil, true, true, 0, 1},
+		{nil, false, true, 0, 1},
+		{driver.Busy(time.Second), true, false, 0, 1},
+		{driver.Busy(time.Second), false, true, 3, 1},
+		{fmt.Errorf("no: %w", errors.ErrUnsupported), true, true, 3, 1},
+	} {
+		d := &multiDriver{answer: tc.answer}
+		l, err := dlock.New(d, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acquire := l.AcquireAll
+		if tc.try {
+			acquire = l.TryAcquireAll
+		}
+		ls, err := acquire(ctx, names, nil)
+		if (err == nil) != tc.ok || !tc.ok && !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Errorf("answer %v, try %v: %v", tc.answer, tc.try, err)
+		}
+		if d.singles.Load() != tc.singles || d.multis.Load() != tc.multis {
+			t.Errorf("answer %v, try %v: %d single and %d multiple attempts, want %d and %d",
+				tc.answer, tc.try, d.singles.Load(), d.multis.Load(), tc.singles, tc.multis)
+		}
+		if ls != nil {
+			if got := ls.Names(); !slices.Equal(got, []string{"a", "b", "c"}) {
+				t.Errorf("Names() = %q", got)
+			}
+			_ = ls.Release(ctx)
+		}
+		_ = l.Close(ctx)
 	}
 }

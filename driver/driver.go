@@ -107,6 +107,21 @@ type Stealer interface {
 	Steal(ctx context.Context, req Request) (*Grant, error)
 }
 
+// MultiAcquirer is implemented by drivers that can try several locks in one
+// request: Locker.TryAcquireAll, and the first attempt of AcquireAll, use
+// it instead of one attempt per name. TryAcquireAll makes one attempt at
+// every reqs[i] (KindLock, no Metadata, distinct names in sorted order,
+// each with its own Token and the same TTL) and returns a grant for each,
+// in order, when all were free; when any is held it takes none and returns
+// an error matching ErrNotAcquired (a *BusyError for the first busy name,
+// preferably). An error wrapping errors.ErrUnsupported, before any I/O,
+// sends the Locker to the one-by-one path (a Cluster client whose names
+// span slots, say). A request that fails after it was sent is abandoned
+// name by name (Abandoner).
+type MultiAcquirer interface {
+	TryAcquireAll(ctx context.Context, reqs []Request) ([]*Grant, error)
+}
+
 // Request is one acquisition attempt.
 type Request struct {
 	Name     string
