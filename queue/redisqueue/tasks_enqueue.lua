@@ -30,5 +30,5 @@ else
 		result = 3
 	end
 end
-wake()
+wake(now)
 return result

@@ -1,7 +1,9 @@
 -- tasks_take.lua: Peek, Pop or Claim up to n due tasks, in due order.
 -- ARGV[1] "peek", "pop" or "claim"; ARGV[2] n; ARGV[3] claim: visibility
 -- ms; ARGV[4] claim: max attempts (0: no dead-lettering); ARGV[5] claim: a
--- random token prefix (each claim's token is it .. ":" .. its index).
+-- random token prefix (each claim's token is it .. ":" .. its index);
+-- ARGV[6] pop and claim: the Client's waiter entry, "" when it has no
+-- waiter on the queue (see register).
 -- Returns {wait ms, then per task: id, due ms, attempts, payload, token}.
 local now, start = clock()
 local op, n = ARGV[1], tonumber(ARGV[2])
@@ -33,4 +35,9 @@ for i = 1, #due, 2 do
 	table.insert(out, tok)
 end
 out[1] = wait(now)
+if #due == 0 then
+	if op ~= "peek" and ARGV[6] ~= "" then
+		register(now, ARGV[6])
+	end
+end
 return out
