@@ -9,7 +9,8 @@
 -- KEYS[3]  P{Q}:dead     sorted set: dead-lettered tasks, scored by when
 -- KEYS[4]  P{Q}:payload  hash: id -> payload
 -- KEYS[5]  P{Q}:info     hash: id -> "<attempts>:<claim token>" (token
---                        empty unless claimed)
+--                        empty unless claimed; no field: "0:", a task
+--                        never claimed)
 -- KEYS[6]  P{Q}:waiters  sorted set: the Clients that may have a Claim or
 --                        Pop waiting on the queue (one member per Client
 --                        and wait session), scored by when the entry lapses
