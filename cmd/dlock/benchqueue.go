@@ -43,6 +43,7 @@ func benchQueueMain(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.IntVar(&cfg.N, "n", 100, "delayed tasks timed from due to claimed")
 	fs.DurationVar(&cfg.Delay, "delay", 20*time.Millisecond, "their delay")
 	fs.IntVar(&cfg.Rounds, "rounds", 2, "turns of the driver and the floor")
+	peers := fs.Bool("peers", false, "measure hibiken/asynq (redis) and riverqueue/river (postgres) beside dlock's queue instead of the floors")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: dlock bench queue [flags]
@@ -52,6 +53,16 @@ floor doing the same work with the fewest server commands: enqueue/s and
 claim+ack/s with -workers workers, and how long after a delayed task is due
 a worker blocked in ClaimWait has it (p50, p99). Servers are started in
 Docker on 127.0.0.1 unless -url names one.
+
+With -peers it measures, on redis and postgres, dlock's queue beside the
+libraries its users would otherwise pick: hibiken/asynq on Redis and
+riverqueue/river (riverpgxv5) on PostgreSQL, each in its fast configuration
+(printed under the table). Each enqueues for -duration with -workers
+goroutines, processes those tasks with -workers workers, and starts -n
+tasks due at once (one at a time, the workers idle) and -n delayed -delay,
+timed from enqueue to start; with the server's commands (redis) or
+transactions (postgres) per task. river's tables go to the schema
+dlock_bench_river of the database.
 
 Flags:
 `)
@@ -66,9 +77,15 @@ Flags:
 	if !*quiet {
 		cfg.Progress = stderr
 	}
+	if *peers && *list == "memory,redis,postgres" {
+		*list = "redis,postgres"
+	}
 	names, ok := benchNames("dlock bench queue", *list, func(n string) error {
 		if _, ok := queueBackends[n]; !ok {
 			return fmt.Errorf("%q has no task queue (memory, redis, postgres have)", n)
+		}
+		if *peers && n == "memory" {
+			return fmt.Errorf("memory has no peers (-peers measures redis and postgres)")
 		}
 		return nil
 	}, stderr)
@@ -86,6 +103,9 @@ Flags:
 	if code != 0 {
 		return code
 	}
+	if *peers {
+		return benchQueuePeers(ctx, cfg, ts, stdout, stderr)
+	}
 	var targets []bench.QueueTarget
 	for _, t := range ts {
 		raw := t.raw
@@ -98,6 +118,28 @@ Flags:
 	}
 	results := bench.RunQueue(ctx, cfg, targets)
 	if err := bench.WriteQueueText(stdout, cfg, results); err != nil {
+		fmt.Fprintf(stderr, "dlock bench queue: %v\n", err)
+		return 1
+	}
+	for _, r := range results {
+		if len(r.Errors) > 0 {
+			return 1
+		}
+	}
+	return 0
+}
+
+// benchQueuePeers is `dlock bench queue -peers`.
+func benchQueuePeers(ctx context.Context, qc bench.QueueConfig, ts []benchTarget, stdout, stderr io.Writer) int {
+	cfg := bench.QueuePeersConfig{Duration: qc.Duration, Workers: qc.Workers, N: qc.N, Delay: qc.Delay, Progress: qc.Progress}
+	var targets []bench.QueuePeerTarget
+	for _, t := range ts {
+		raw := t.raw
+		targets = append(targets, bench.QueuePeerTarget{Backend: t.name, URL: raw, ServerCPU: t.serverCPU(),
+			Open: func(ctx context.Context) (*queue.Client, error) { return queue.Open(ctx, raw) }})
+	}
+	results := bench.RunQueuePeers(ctx, cfg, targets)
+	if err := bench.WriteQueuePeersText(stdout, cfg, results); err != nil {
 		fmt.Fprintf(stderr, "dlock bench queue: %v\n", err)
 		return 1
 	}

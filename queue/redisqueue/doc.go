@@ -26,7 +26,9 @@
 // Package queue's semantics: due times and claim deadlines on the server's
 // clock, to the millisecond, rounded the safe way; each operation atomic on
 // the server; waiting Claims and Pops woken by pub/sub (one subscription
-// connection per Client). Tasks are as durable as the server's data: a
+// connection per Client), published only while some Client waits on the
+// queue, each change waking one waiter of each waiting Client. Tasks are as
+// durable as the server's data: a
 // restart without persistence, or a failover to a replica that had not yet
 // received a write, loses that write (an enqueue, or an ack: the task is
 // delivered again).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -77,7 +78,7 @@ func openTasks(ctx context.Context, u *url.URL) (qdriver.Driver, error) {
 }
 
 func newTaskDriver(client goredis.UniversalClient, opts *QueueOptions, owns bool) *taskDriver {
-	d := &taskDriver{c: client, prefix: DefaultQueuePrefix, owns: owns}
+	d := &taskDriver{c: client, prefix: DefaultQueuePrefix, owns: owns, id: qdriver.NewToken(), groups: map[string]*waitGroup{}}
 	if opts != nil && opts.KeyPrefix != "" {
 		d.prefix = opts.KeyPrefix
 	}
@@ -92,11 +93,36 @@ type taskDriver struct {
 	prefix string
 	owns   bool
 	hub    *redishub.Hub
+	id     string // this Client's, in its waiter entries
+
+	wmu    sync.Mutex
+	groups map[string]*waitGroup // by queue: this Client's waiters
+	seq    uint64                // numbers the waiter entries
+	closed bool
+	bg     sync.WaitGroup // the lingering groups' timers
 }
+
+// waitGroup is a Client's waiters of one queue (see Watch): one
+// subscription, one waiter entry on the server, and a channel per waiter.
+type waitGroup struct {
+	member string                     // the waiter entry in P{Q}:waiters
+	chans  map[chan struct{}]struct{} // the waiters'
+	refs   int                        // Watch calls holding the group
+	ready  chan struct{}              // closed once x is set up, or err
+	x      *redishub.Watcher
+	err    error
+	linger *time.Timer // set while no one holds the group: ends it
+}
+
+// waitLinger is how long a Client's waiter entry and subscription of a
+// queue outlive its last waiter: a worker that waits in a loop pays for
+// neither again, and Enqueues stop publishing this long after the last
+// waiter of every Client has left.
+const waitLinger = 2 * time.Second
 
 func (d *taskDriver) keys(q string) []string {
 	k := d.prefix + "{" + q + "}:"
-	return []string{k + "due", k + "claimed", k + "dead", k + "payload", k + "info"}
+	return []string{k + "due", k + "claimed", k + "dead", k + "payload", k + "info", k + "waiters"}
 }
 
 func (d *taskDriver) Ping(ctx context.Context) error {
@@ -141,8 +167,33 @@ func tasks(v []any) ([]qdriver.Claimed, error) {
 }
 
 func (d *taskDriver) take(ctx context.Context, q, op string, n int, vis time.Duration, max int) ([]qdriver.Claimed, time.Duration, error) {
-	v, err := tasksTake.Run(ctx, d.c, d.keys(q), op, n, ms(vis), max, qdriver.NewToken()).Slice()
+	// A Claim or Pop of a Client with waiters on the queue renews their
+	// entry when it finds nothing (tasks_take.lua): it may be a waiter's,
+	// about to wait.
+	var (
+		g      *waitGroup
+		member string
+		token  string
+	)
+	if op != "peek" {
+		d.wmu.Lock()
+		if g = d.groups[q]; g != nil {
+			member = g.member
+		}
+		d.wmu.Unlock()
+	}
+	if op == "claim" {
+		token = qdriver.NewToken()
+	}
+	v, err := tasksTake.Run(ctx, d.c, d.keys(q), op, n, ms(vis), max, token, member).Slice()
 	if err != nil {
+		if g != nil {
+			// This may have been the waiter woken for a task it did
+			// not take: another looks.
+			d.wmu.Lock()
+			wakeOne(g)
+			d.wmu.Unlock()
+		}
 		return nil, 0, fmt.Errorf("redis: %s on %q: %w", op, q, err)
 	}
 	if len(v) == 0 {
@@ -232,19 +283,162 @@ func (d *taskDriver) Requeue(ctx context.Context, q, id string, delay time.Durat
 	return v == 1, nil
 }
 
-// Watch subscribes to the queue's wake-up channel (one pub/sub connection
-// per Client, shared by every queue and wait; a channel stays subscribed 2s
-// after its last waiter, so waits in a loop cost no SUBSCRIBE).
+// Watch registers a waiter of the queue. A Client's waiters of one queue
+// form a group (waitGroup): one subscription to the queue's wake-up
+// channel (on the Client's one pub/sub connection, shared by every queue),
+// and one waiter entry on the server, which the group's Claims and Pops
+// that find nothing renew, and without which no change publishes. Each
+// message wakes one waiter of the group, one without a wake-up pending
+// (when all have one, all are awake and will look); a waiter that leaves
+// with its wake-up unread passes it on, and so does one whose Claim or Pop
+// failed. A connection that failed, or was subscribed again, wakes them
+// all. The group outlives its last waiter by waitLinger, so that waits in
+// a loop cost no round trip.
 func (d *taskDriver) Watch(ctx context.Context, q string) (<-chan struct{}, func(), error) {
-	c := make(chan struct{}, 1)
-	x, err := d.hub.Watch(ctx, d.keys(q)[0]+":ready", "", func(string, bool) { redishub.Signal(c) })
-	if err != nil {
-		return nil, nil, err
+	for {
+		d.wmu.Lock()
+		if d.closed {
+			d.wmu.Unlock()
+			return nil, nil, dlock.ErrClosed
+		}
+		g := d.groups[q]
+		lead := g == nil
+		if lead {
+			d.seq++
+			g = &waitGroup{member: d.id + ":" + strconv.FormatUint(d.seq, 10), chans: map[chan struct{}]struct{}{}, ready: make(chan struct{})}
+			d.groups[q] = g
+		}
+		g.refs++
+		if g.linger != nil {
+			if g.linger.Stop() {
+				d.bg.Done()
+			}
+			g.linger = nil
+		}
+		d.wmu.Unlock()
+		if lead {
+			x, err := d.hub.Watch(ctx, d.keys(q)[0]+":ready", "", func(_ string, message bool) { d.notify(g, message) })
+			d.wmu.Lock()
+			g.x, g.err = x, err
+			close(g.ready)
+			if err != nil && d.groups[q] == g {
+				delete(d.groups, q)
+			}
+			d.wmu.Unlock()
+		} else {
+			select {
+			case <-g.ready:
+			case <-ctx.Done():
+				d.unwatch(q, g, nil)
+				return nil, nil, ctx.Err()
+			}
+		}
+		if g.err != nil {
+			if lead || ctx.Err() != nil {
+				return nil, nil, g.err
+			}
+			continue // the leader's own failure (its ctx ended, say): again
+		}
+		c := make(chan struct{}, 1)
+		d.wmu.Lock()
+		g.chans[c] = struct{}{}
+		d.wmu.Unlock()
+		return c, func() { d.unwatch(q, g, c) }, nil
 	}
-	return c, x.Stop, nil
 }
 
+// notify is the group's subscription's: a message wakes one waiter, a
+// connection that failed or was subscribed again all of them.
+func (d *taskDriver) notify(g *waitGroup, message bool) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if message {
+		wakeOne(g)
+		return
+	}
+	for c := range g.chans {
+		redishub.Signal(c)
+	}
+}
+
+// wakeOne signals one waiter of g that has no signal pending; d.wmu is
+// held.
+func wakeOne(g *waitGroup) {
+	for c := range g.chans {
+		if len(c) == 0 {
+			redishub.Signal(c)
+			return
+		}
+	}
+}
+
+// unwatch ends a waiter's hold on g (c nil: one that never joined): an
+// unread wake-up is passed on, and the last one out starts the linger.
+func (d *taskDriver) unwatch(q string, g *waitGroup, c chan struct{}) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if c != nil {
+		delete(g.chans, c)
+		select {
+		case <-c: // a wake-up this waiter did not act on: another's
+			wakeOne(g)
+		default:
+		}
+	}
+	g.refs--
+	if g.refs > 0 || d.groups[q] != g || d.closed {
+		return
+	}
+	d.bg.Add(1)
+	g.linger = time.AfterFunc(waitLinger, func() {
+		defer d.bg.Done()
+		d.expire(q, g)
+	})
+}
+
+// expire ends a group no one has held for waitLinger: its subscription
+// and its waiter entry.
+func (d *taskDriver) expire(q string, g *waitGroup) {
+	d.wmu.Lock()
+	if d.groups[q] != g || g.refs > 0 || d.closed {
+		d.wmu.Unlock()
+		return
+	}
+	delete(d.groups, q)
+	g.linger = nil
+	d.wmu.Unlock()
+	g.x.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), unwaitTimeout)
+	defer cancel()
+	_ = d.admin(ctx, q, "unwait", g.member).Err() // else it lapses
+}
+
+// unwaitTimeout bounds the removal of a waiter entry, which lapses by
+// itself otherwise (tasks_common.lua's waiterLife).
+const unwaitTimeout = time.Second
+
 func (d *taskDriver) Close() error {
+	d.wmu.Lock()
+	d.closed = true
+	members := map[string]string{} // by queue
+	for q, g := range d.groups {
+		if g.linger != nil && g.linger.Stop() {
+			d.bg.Done()
+		}
+		members[q] = g.member
+	}
+	d.groups = map[string]*waitGroup{}
+	d.wmu.Unlock()
+	d.bg.Wait()
+	// The waiter entries go at once, not when they lapse: changes stop
+	// publishing for this Client.
+	ctx, cancel := context.WithTimeout(context.Background(), unwaitTimeout)
+	for q, m := range members {
+		if ctx.Err() == nil {
+			_ = d.admin(ctx, q, "unwait", m).Err()
+		}
+	}
+	cancel()
 	err := d.hub.Close()
 	if d.owns {
 		if cerr := d.c.Close(); err == nil {

@@ -8,6 +8,8 @@
 --             ms, attempts, payload, ""
 --   "requeue" ARGV[2] id, ARGV[3] delay ms: move a dead task back with its
 --             attempts reset; returns 1 or 0
+--   "unwait"  ARGV[2] a waiter entry: remove it (its Client's waiters of the
+--             queue are gone); returns 1
 local now, start = clock()
 local op = ARGV[1]
 if op == "delete" then
@@ -45,7 +47,10 @@ elseif op == "requeue" then
 	redis.call("ZREM", KEYS[3], ARGV[2])
 	redis.call("ZADD", KEYS[1], after(now, start, tonumber(ARGV[3])), ARGV[2])
 	redis.call("HSET", KEYS[5], ARGV[2], "0:")
-	wake()
+	wake(now)
+	return 1
+elseif op == "unwait" then
+	redis.call("ZREM", KEYS[6], ARGV[2])
 	return 1
 end
 return redis.error_reply("tasks_admin.lua: unknown operation " .. op)

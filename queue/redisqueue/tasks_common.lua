@@ -9,10 +9,21 @@
 -- KEYS[3]  P{Q}:dead     sorted set: dead-lettered tasks, scored by when
 -- KEYS[4]  P{Q}:payload  hash: id -> payload
 -- KEYS[5]  P{Q}:info     hash: id -> "<attempts>:<claim token>" (token
---                        empty unless claimed)
+--                        empty unless claimed; no field: "0:", a task
+--                        never claimed)
+-- KEYS[6]  P{Q}:waiters  sorted set: the Clients that may have a Claim or
+--                        Pop waiting on the queue (one member per Client
+--                        and wait session), scored by when the entry lapses
+--                        (ms); the key expires with its last entry
 --
--- Wake-ups are PUBLISHed on KEYS[1] .. ":ready". Redis deletes a sorted set
--- or hash when its last member goes: a drained queue leaves no key.
+-- Wake-ups are PUBLISHed on KEYS[1] .. ":ready", only while some entry of
+-- KEYS[6] has not lapsed: each message wakes one waiter of each Client
+-- subscribed. A waiting Client's Claim or Pop that finds nothing due
+-- renews its entry in the same script (register), so that a change after
+-- it publishes; its waiters look again at least every 5s (package
+-- queue's longest wait), well within an entry's waiterLife. Redis deletes
+-- a sorted set or hash when its last member goes: a drained queue leaves
+-- no key.
 
 -- clock returns the server's now in ms twice: rounded down, to tell whether
 -- a due time or deadline has passed, and rounded up, to count a new one
@@ -83,6 +94,24 @@ local function forget(id)
 	redis.call("HDEL", KEYS[5], id)
 end
 
-local function wake()
-	redis.pcall("PUBLISH", KEYS[1] .. ":ready", "")
+-- waiterLife is how long, in ms, a waiter's entry in KEYS[6] lasts
+-- unless renewed.
+local waiterLife = 15000
+
+-- register enters or renews the waiter entry member, dropping lapsed
+-- ones.
+local function register(now, member)
+	redis.call("ZREMRANGEBYSCORE", KEYS[6], "-inf", now)
+	redis.call("ZADD", KEYS[6], now + waiterLife, member)
+	redis.call("PEXPIRE", KEYS[6], waiterLife)
+end
+
+-- wake tells the waiting Clients, if any, that a task may be due sooner
+-- than their last look said. A failed PUBLISH (an ACL user without rights
+-- on the channel) does not fail the change: waiters fall back to their
+-- timers.
+local function wake(now)
+	if redis.call("ZCOUNT", KEYS[6], "(" .. now, "+inf") > 0 then
+		redis.pcall("PUBLISH", KEYS[1] .. ":ready", "")
+	end
 end

@@ -9,17 +9,13 @@ local due = after(now, start, tonumber(ARGV[2]))
 if ARGV[3] ~= "" then
 	due = tonumber(ARGV[3])
 end
-local queued = redis.call("ZSCORE", KEYS[1], id) or redis.call("ZSCORE", KEYS[2], id)
-local result
-if not queued then
-	redis.call("ZREM", KEYS[3], id) -- a dead task is added anew
-	redis.call("ZADD", KEYS[1], due, id)
-	redis.call("HSET", KEYS[4], id, ARGV[4])
-	redis.call("HSET", KEYS[5], id, "0:")
-	result = 1
-elseif ARGV[5] == "0" then
-	return 2
-else
+local result = 1
+if ARGV[5] == "0" then
+	-- Keep: one write when the id is new, none when it is queued.
+	if redis.call("ZSCORE", KEYS[2], id) or redis.call("ZADD", KEYS[1], "NX", due, id) == 0 then
+		return 2
+	end
+elseif redis.call("ZSCORE", KEYS[1], id) or redis.call("ZSCORE", KEYS[2], id) then
 	local a = info(id)
 	redis.call("ZREM", KEYS[2], id) -- ends a claim
 	redis.call("ZADD", KEYS[1], due, id)
@@ -29,6 +25,14 @@ else
 		redis.call("HSET", KEYS[4], id, ARGV[4])
 		result = 3
 	end
+else
+	redis.call("ZADD", KEYS[1], due, id)
 end
-wake()
+if result == 1 then
+	if redis.call("ZREM", KEYS[3], id) == 1 then
+		redis.call("HDEL", KEYS[5], id) -- a dead task is added anew, attempts 0
+	end
+	redis.call("HSET", KEYS[4], id, ARGV[4])
+end
+wake(now)
 return result

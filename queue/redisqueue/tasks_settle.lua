@@ -27,7 +27,7 @@ else
 		redis.call("ZADD", KEYS[3], now, id)
 	else
 		redis.call("ZADD", KEYS[1], after(now, start, tonumber(ARGV[4])), id)
-		wake()
+		wake(now)
 	end
 end
 return 1
