@@ -66,9 +66,10 @@ type FaultsConfig struct {
 	Hold     time.Duration // a usual hold; default 5ms
 	TTL      time.Duration // the locks' TTL, or the backend's minimum if longer; default 2s
 	// Long is the fraction of holds that last 1.5×TTL, so that the lock
-	// must be kept alive through faults (capped at TTL/2 for peers that
-	// have no refresh loop of their own). 0 or less: none; the command's
-	// default is DefaultFaultsLong.
+	// must be kept alive through faults (a peer with no refresh loop of
+	// its own believes it holds the lock only to the TTL, and stops
+	// writing then). 0 or less: none; the command's default is
+	// DefaultFaultsLong.
 	Long float64
 	// Seed makes the nemesis's schedule and the clients' choices; the same
 	// seed replays the same schedule (the timing of the run still varies).
@@ -263,9 +264,6 @@ func RunFaults(ctx context.Context, cfg FaultsConfig, targets []FaultsTarget) *F
 // faultsLib is a client library under test.
 type faultsLib struct {
 	name, version, about string
-	// refreshes: the library keeps a held lock alive by itself, so long
-	// holds last 1.5×TTL; without, they are capped at TTL/2.
-	refreshes bool
 	// dlock: the rows that may excuse overlaps by the backend's declared
 	// hazards.
 	dlock bool
@@ -302,7 +300,7 @@ type faultsGrant interface {
 // dlockLib is dlock, through the driver of the target's URL.
 func dlockLib() faultsLib {
 	return faultsLib{
-		name: "dlock", version: dlockVersion(), refreshes: true, dlock: true,
+		name: "dlock", version: dlockVersion(), dlock: true,
 		about: "dlock.Open per client; Acquire (ctx bounded), the watchdog refreshing, Lease.Done as the loss signal, Release",
 		open: func(ctx context.Context, raw string) (faultsClient, error) {
 			l, err := dlock.Open(ctx, raw)
@@ -347,13 +345,15 @@ func (g dlockFaultsGrant) release(ctx context.Context) (bool, error) {
 // peerLib is peer p on t. Its clients are opened from the URL Via makes,
 // so that they too cross their own proxies.
 func peerLib(t FaultsTarget, p Peer) faultsLib {
+	// Without a refresh loop of its own, the holder believes it holds the
+	// lock until the TTL from its call.
 	refreshes := p.Name != "redsync" && p.Name != "redislock"
 	about := p.About
 	if !refreshes {
-		about += "; no refresh loop: the lock is believed held until the TTL from the Lock call, long holds capped at TTL/2"
+		about += "; no refresh loop: the lock is believed held until the TTL from the Lock call, so a long hold stops writing then"
 	}
 	return faultsLib{
-		name: p.Name, version: moduleVersion(p.Module), about: about, refreshes: refreshes,
+		name: p.Name, version: moduleVersion(p.Module), about: about,
 		open: func(ctx context.Context, raw string) (faultsClient, error) {
 			peers, err := t.Peers(raw)
 			if err != nil {
@@ -860,9 +860,6 @@ func (r *faultsRun) client(ctx context.Context, i int, c faultsClient, rng *rand
 	ttl := r.ttl
 	name := r.nameFor(i)
 	long := ttl + ttl/2
-	if !r.lib.refreshes {
-		long = ttl / 2
-	}
 	for n := 0; ctx.Err() == nil && n < 1_000_000; n++ {
 		call := time.Now()
 		actx, cancel := context.WithTimeout(ctx, 2*ttl)
