@@ -565,13 +565,16 @@ type faultsRun struct {
 	caps   dlock.Capabilities
 	store  fence.Memory
 	row    *FaultsRow
-	stopAt []chan struct{} // per client: closed once it has been granted after phase
+	stopAt []chan struct{} // per client: closed once it has been granted after cut
 
 	mu      sync.Mutex
 	leases  []*faultsLease
 	windows []faultWindow
 	logMax  int // the unfenced log's newest writer, by grant order
 	seq     int
+	// cut is when the fault phase ended and every fault was healed; zero
+	// before. Each client stops after its first grant after it.
+	cut time.Time
 }
 
 func (r *faultsRun) nameFor(client int) string {
@@ -693,6 +696,9 @@ func faultsOnce(ctx context.Context, cfg FaultsConfig, t FaultsTarget, lib fault
 	case <-ctx.Done():
 	}
 	phase.Stop()
+	r.mu.Lock()
+	r.cut = time.Now()
+	r.mu.Unlock()
 	bound := time.NewTimer(row.RecoveryBound)
 	defer bound.Stop()
 wait:
@@ -855,7 +861,8 @@ func (r *faultsRun) write(l *faultsLease, token uint64, fenced bool) {
 }
 
 // client loops acquire → write → hold → write → release on the run's name
-// until ctx ends, or, after the fault phase, until it has been granted once.
+// until ctx ends, or, once the fault phase is over and healed, until it has
+// been granted once.
 func (r *faultsRun) client(ctx context.Context, i int, c faultsClient, rng *rand.Rand) {
 	ttl := r.ttl
 	name := r.nameFor(i)
@@ -950,8 +957,9 @@ func (r *faultsRun) client(ctx context.Context, i int, c faultsClient, rng *rand
 		if rerr != nil && !notHeld {
 			r.row.ReleaseErrors[faultsErrorClass(rerr)]++
 		}
+		cut := r.cut
 		r.mu.Unlock()
-		if ret.After(r.phase) {
+		if !cut.IsZero() && ret.After(cut) {
 			close(r.stopAt[i])
 			return
 		}
