@@ -137,6 +137,9 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if len(args) > 0 && args[0] == "hold" {
 		return benchHoldMain(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "faults" {
+		return benchFaultsMain(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "fleet" {
 		return benchFleetMain(ctx, args[1:], stdout, stderr)
 	}
