@@ -113,6 +113,16 @@
 // its leader's candidate id stored as the lock's metadata; the term is the
 // fence, which strictly increases from leader to leader.
 //
+// # Once per schedule slot
+//
+// A job that cron starts on several hosts runs once per slot with
+// [Locker.Once], on backends that keep records (Records): the slot's
+// completion is recorded on the backend, fenced by the lease, and later
+// tries of the slot, on any host, return [ErrAlreadyDone]:
+//
+//	slot := dlock.Slot(time.Now(), time.Hour) // "2026-11-28T03:00:00Z": hosts agree
+//	err := locker.Once(ctx, "hourly-report", slot, nil, report)
+//
 // # Errors
 //
 // Match with [errors.Is]: [ErrNotAcquired] (busy, or the wait ended),
@@ -120,7 +130,8 @@
 // [ErrHeartbeatTimeout] matches both), [ErrClosed], [ErrInvalid] (bad
 // input, reported before any I/O), [ErrGrantExpired] (granted, but the reply
 // came too late for the TTL: not busy), [ErrLimitMismatch] (a semaphore asked
-// for under another limit than its holders'). Credentials from URLs never
+// for under another limit than its holders'), [ErrAlreadyDone] and
+// [ErrAttemptsExhausted] (Once). Credentials from URLs never
 // appear in errors.
 //
 // # Choosing a backend

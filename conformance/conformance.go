@@ -84,6 +84,9 @@ func RunConfig(t *testing.T, h Harness, cfg Config) {
 	for _, tc := range stealTests {
 		runTest(t, h, caps, cfg, tc)
 	}
+	for _, tc := range onceTests {
+		runTest(t, h, caps, cfg, tc)
+	}
 }
 
 // RunChaos runs the Chaos section alone, for a harness that breaks the

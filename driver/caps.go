@@ -53,6 +53,14 @@ type Capabilities struct {
 	// (Locker.RWLock). Fencing, when declared, covers the write side: a
 	// writer's token strictly increases with every write grant of the name.
 	RWLock bool
+
+	// Records: the driver keeps records beside its locks, written only
+	// by a holder of the lock (Recorder; dlock.Once).
+	Records bool
+	// DurableRecords: records survive a crash and restart of the server
+	// (etcd, ZooKeeper, PostgreSQL; Redis only as its persistence is
+	// configured, so its driver does not declare it).
+	DurableRecords bool
 }
 
 // Fences reports whether grants of kind k carry fencing tokens: Fencing for

@@ -47,7 +47,8 @@
 // of concurrency.Mutex and `etcdctl lock`, which exclude dlock's locks on
 // [MutexName](P, N) in one FIFO queue. Read/write locks share recipe.RWMutex's
 // layout ([RWMutexName]; mind the caveat in DESIGN.md), elections
-// concurrency.Election's.
+// concurrency.Election's. The records of [dlock.Locker.Once] are the keys
+// P%record/N, each on an etcd lease of its retention.
 //
 // [DESIGN.md] beside this package has the rest: the shared etcd lease and
 // watch, refresh and loss, faults, the primitives, and every key.

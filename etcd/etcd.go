@@ -133,6 +133,8 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		Semaphore:       true,
 		PermitFencing:   true,
 		RWLock:          true,
+		Records:         true, // record.go
+		DurableRecords:  true,
 	}
 }
 

@@ -57,7 +57,7 @@ func (d *driver) Names(ctx context.Context, prefix string) ([]string, error) {
 	for _, kv := range resp.Kvs {
 		rest := strings.TrimPrefix(string(kv.Key), d.prefix)
 		esc, _, ok := strings.Cut(rest, "/")
-		if !ok || esc+"/" == semaphoreSpace || esc+"/" == rwlockSpace || esc+"/" == markerSpace {
+		if !ok || esc+"/" == semaphoreSpace || esc+"/" == rwlockSpace || esc+"/" == markerSpace || esc+"/" == recordSpace {
 			continue // not a lock's key
 		}
 		names = append(names, unescape(esc))

@@ -27,5 +27,6 @@
 // # Layout
 //
 // A map from lock name to {token, expiry, fence, metadata}; nothing outlives a
-// released or expired lock but the Store's single fence counter.
+// released or expired lock but the Store's single fence counter, and the
+// records of dlock.Once (a map of their own, until their retention).
 package memory

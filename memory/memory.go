@@ -69,6 +69,7 @@ type Store struct {
 	watchers map[string]map[chan struct{}]struct{}
 	sems     map[string]*semaphore
 	rws      map[string]*rwlock
+	records  map[string]record // by lock name, made on first use (record.go)
 }
 
 type entry struct {
@@ -165,7 +166,7 @@ const MinTTL = 10 * time.Millisecond
 
 func (d *driver) Capabilities() dlock.Capabilities {
 	return dlock.Capabilities{Fencing: true, NotifiedWait: true, MinTTL: MinTTL,
-		Metadata: true, Semaphore: true, PermitFencing: true, RWLock: true, Steal: true}
+		Metadata: true, Semaphore: true, PermitFencing: true, RWLock: true, Steal: true, Records: true}
 }
 
 func (d *driver) Close() error { return nil }

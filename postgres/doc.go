@@ -47,7 +47,9 @@
 //	SELECT pg_advisory_lock(hashtextextended('jobs/nightly', 0));
 //
 // takes dlock's lock "jobs/nightly" until pg_advisory_unlock or the
-// session's end; pg_locks shows the holder's pid.
+// session's end; pg_locks shows the holder's pid. The records of
+// [dlock.Locker.Once] are rows of the table dlock_records, created on first
+// use in the fencing schema.
 //
 // [DESIGN.md] beside this package has the rest: expiry, loss, waiting,
 // fencing, costs, shared sessions, the primitives' keys and psql for each.

@@ -68,13 +68,15 @@ func (f fenceObjects) metaSQL() string {
 // that may not create the fencing sequence and tables itself (the driver
 // creates them on first use otherwise); the role then needs USAGE and
 // UPDATE on the sequence, SELECT and INSERT on the table dlock_fence_epoch,
-// and, to store locks' metadata (Options.Metadata, leader election),
-// SELECT, INSERT, UPDATE and DELETE on the table dlock_metadata.
+// and, to store locks' metadata (Options.Metadata, leader election) and
+// the records of dlock.Locker.Once, SELECT, INSERT, UPDATE and DELETE on
+// the tables dlock_metadata and dlock_records.
 func DDL(schema string) string {
 	if schema == "" {
 		schema = DefaultFenceSchema
 	}
-	return strings.Join(newFenceObjects(schema).createSQL(), ";\n") + ";\n"
+	f := newFenceObjects(schema)
+	return strings.Join(append(f.createSQL(), recordsSQL(f.records())), ";\n") + ";\n"
 }
 
 // fenceLockKey is the advisory transaction lock under which the objects

@@ -301,6 +301,10 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		Semaphore:     true,
 		PermitFencing: d.fencing,
 		RWLock:        true,
+
+		// Records (record.go), whose commits are flushed (record.sql).
+		Records:        true,
+		DurableRecords: true,
 	}
 }
 

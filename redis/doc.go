@@ -50,6 +50,8 @@
 // P{N}:queue and P{N}:waiters. With compat=true it is the key PN (P
 // defaults to ""), the layout of redsync (one pool) and bsm/redislock: their
 // locks and dlock's on one name exclude each other (no fencing, no FIFO).
+// The records of [dlock.Locker.Once] are the strings P{N}:record (default
+// layout only).
 //
 // [DESIGN.md] beside this package has the rest: every key of every kind, the
 // scripts, fencing across restarts, waiting and handoff, costs and faults.

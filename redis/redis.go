@@ -192,6 +192,7 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		RWLock:        !d.compat,
 		Metadata:      !d.compat,
 		Steal:         true,
+		Records:       !d.compat, // record.go
 	}
 }
 

@@ -46,7 +46,8 @@
 // excludes dlock's N. With compat=true the lock is the key PN (P defaults to
 // ""), the layout of a github.com/go-redsync/redsync/v4 Mutex named PN over
 // the same nodes, for a migration without stopping every process at once (no
-// fencing).
+// fencing). The records of [dlock.Locker.Once] are the strings P{N}:record
+// on every node (default layout only), counted by majority as locks are.
 //
 // [DESIGN.md] beside this package has the rest: split votes, every failure
 // and clock jump, fencing over independent nodes, the hand-off and why it is

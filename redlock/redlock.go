@@ -247,6 +247,7 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		NotifiedWait: true,
 		MinTTL:       MinTTL,
 		Steal:        true,
+		Records:      !d.compat, // record.go
 	}
 }
 

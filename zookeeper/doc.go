@@ -45,7 +45,9 @@
 // go-zookeeper's zk.Lock, which exclude dlock's locks on that path and queue
 // with them. Read/write locks use Curator's InterProcessReadWriteLock layout
 // at [RWLockPath]; semaphores live at [SemaphorePath]. The driver needs read,
-// write, create and delete permissions on R/N.
+// write, create and delete permissions on R/N. The records of
+// [dlock.Locker.Once] are persistent nodes R/%records/N, deleted past their
+// retention by the driver's later reads and sweeps.
 //
 // [DESIGN.md] beside this package has the rest: sessions and TTLs, refresh
 // and expiry, disconnection and restart, cleanup, the primitives and every

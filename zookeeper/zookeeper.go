@@ -207,6 +207,8 @@ func newDriver(opts *Options) (*driver, Options, error) {
 			Metadata:        true,
 			Semaphore:       true,
 			RWLock:          true,
+			Records:         true, // record.go
+			DurableRecords:  true,
 			// Not PermitFencing: a permit node's czxid does not follow grant
 			// order (a newcomer can be granted a free permit before an older
 			// waiter, entitled too, has heard of its own grant).
@@ -240,6 +242,7 @@ type driver struct {
 	handles  map[*handle]struct{}
 	closed   bool
 	bg       sync.WaitGroup // cleanups, sweeps and idle session closes
+	swept    time.Time      // the last sweep of expired records (record.go)
 
 	cmu    sync.Mutex
 	claims map[string]*claim // by GUID: acquisitions and their leases (see claim)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,6 +25,8 @@ const (
 	exitUsage       = 2  // bad usage
 	exitNotAcquired = 75 // the lock was not acquired: --try found it held, or --wait ran out (EX_TEMPFAIL)
 	exitLost        = 76 // the lock was lost while the command ran: the command was terminated
+	exitSlotDone    = 79 // -once-per: a run of the slot completed already (on any host); the command did not run
+	exitSlotGivenUp = 80 // -once-per: the slot's runs failed -once-attempts times; the command did not run
 )
 
 const runUsage = `Usage: dlock run [flags] NAME -- COMMAND [ARG...]
@@ -66,10 +69,30 @@ TTL the lock is lost as above, with status 76):
 	              program that closes inherited descriptors (sudo, some
 	              daemons) cannot, and its lease ends after D + TTL.
 
+Once per schedule slot, for cron lines on several hosts (-once-per D): NAME
+is the job, and its slot the boundary of D nearest the current time, in RFC
+3339 UTC: the multiples of D from 00:00 UTC (see dlock.Slot), moved by
+-once-offset. COMMAND runs under the lock once/NAME/SLOT only if no host has
+completed the slot: its success (exit status 0) is recorded on the backend
+(kept for -once-retention), and a later try of the slot, on any host, exits
+with 79 without running COMMAND (so does one that waited for the lock while
+the slot ran). A COMMAND that fails, or whose lock is lost, leaves the slot
+to the next try (after -once-attempts failures, tries exit with 80). COMMAND
+also gets DLOCK_SLOT. Hosts name the same slot when their clocks and cron
+delays differ by less than D/2 from the boundary: schedule the job at the
+boundaries (a daily job at 12:00 UTC, 07:00 in New York, takes -once-per 24h
+-once-offset 12h; without it, hosts a little apart could name two days). The
+backend must keep records (etcd, postgres, zookeeper, and redis or redlock in
+their default layout). The same crontab line on every host:
+
+	*/5 * * * * dlock run -url etcd://etcd:2379 -once-per 5m report -- /opt/report.sh
+
 Exit status: COMMAND's own (128+N when a signal N ended it); 75 when the lock
 was not acquired (-try found it held, or -wait ran out); 76 when the lock was
-lost while COMMAND ran; 2 for bad usage; 1 when dlock run itself failed (the
-backend unreachable, COMMAND not found).
+lost while COMMAND ran; 79 (-once-per) when the slot's run had completed
+already; 80 (-once-per) when the slot's runs failed -once-attempts times; 2
+for bad usage; 1 when dlock run itself failed (the backend unreachable,
+COMMAND not found, or COMMAND's success not recorded).
 
 Example (crontab on two servers; exactly one runs the batch each night, the
 other exits with 75):
@@ -96,6 +119,10 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	grace := fs.Duration("grace", 10*time.Second, "how long COMMAND's process group has between SIGTERM and SIGKILL")
 	maxHold := fs.Duration("max-hold", 0, "stop refreshing the lease after this long: it is lost at most a TTL later (default: no bound; at least the TTL)")
 	heartbeat := fs.Duration("heartbeat", 0, "refresh the lease only while COMMAND writes to fd 3 at least this often (default: no heartbeat needed)")
+	oncePer := fs.Duration("once-per", 0, "run COMMAND once per slot of this period, across hosts: NAME is the job (exit 79 when the slot is done already)")
+	onceRetention := fs.Duration("once-retention", 0, "with -once-per: how long the backend remembers a completed slot (default: the larger of 24h and twice -once-per)")
+	onceAttempts := fs.Int("once-attempts", 0, "with -once-per: give a slot up after this many failed runs (exit 80; default: no bound)")
+	onceOffset := fs.Duration("once-offset", 0, "with -once-per: the slots' boundaries are this far past the multiples of -once-per from 00:00 UTC")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -105,7 +132,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rest := fs.Args()
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "dlock run: "+format+"\n", a...)
-		fmt.Fprintln(stderr, "usage: dlock run [-url URL] [-ttl D] [-wait D | -try] [-grace D] [-max-hold D] [-heartbeat D] NAME -- COMMAND [ARG...]")
+		fmt.Fprintln(stderr, "usage: dlock run [-url URL] [-ttl D] [-wait D | -try] [-grace D] [-max-hold D] [-heartbeat D] [-once-per D [-once-offset D] [-once-retention D] [-once-attempts N]] NAME -- COMMAND [ARG...]")
 		return exitUsage
 	}
 	if len(rest) == 0 {
@@ -127,13 +154,31 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageErr("no command to run")
 	case *try && *wait != 0:
 		return usageErr("-try and -wait exclude each other")
-	case *wait < 0, *ttl < 0, *maxHold < 0, *heartbeat < 0:
+	case *wait < 0, *ttl < 0, *maxHold < 0, *heartbeat < 0, *oncePer < 0, *onceRetention < 0, *onceOffset < 0:
 		return usageErr("durations must not be negative")
+	case *onceAttempts < 0:
+		return usageErr("-once-attempts must not be negative")
+	case *oncePer == 0 && (*onceRetention != 0 || *onceAttempts != 0 || *onceOffset != 0):
+		return usageErr("-once-retention, -once-attempts and -once-offset go with -once-per")
+	case *oncePer > 0 && *onceOffset >= *oncePer:
+		return usageErr("-once-offset must be less than -once-per")
 	case *grace <= 0:
 		return usageErr("-grace must be positive")
 	}
 	if err := dlock.ValidateName(name); err != nil {
 		return usageErr("%v", err)
+	}
+	var slot string
+	if *oncePer > 0 {
+		// dlock.Slot, with the boundaries moved by the offset.
+		at := runClock().Add(-*onceOffset).UTC().Round(*oncePer).Add(*onceOffset)
+		slot = at.Format(time.RFC3339Nano)
+		if err := dlock.ValidateName(dlock.OnceName(name, slot)); err != nil {
+			return usageErr("%v", err)
+		}
+		if *onceRetention == 0 {
+			*onceRetention = max(dlock.DefaultRetention, 2**oncePer)
+		}
 	}
 	if *rawURL == "" {
 		*rawURL = os.Getenv("DLOCK_URL")
@@ -161,11 +206,94 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer closeLocker()
 
 	opts := &dlock.Options{TTL: *ttl, MaxHold: *maxHold, HeartbeatTimeout: *heartbeat}
+	if *oncePer > 0 {
+		oo := &dlock.OnceOptions{Lock: opts, Retention: *onceRetention, MaxAttempts: *onceAttempts, NoWait: *try}
+		run := func(ls *dlock.Lease) int {
+			return runUnder(ctx, ls, path, rest, *grace, *heartbeat > 0, sigs, stdout, stderr, u, true, "DLOCK_SLOT="+slot)
+		}
+		return runOnce(ctx, l, name, slot, oo, *wait, sigs, stderr, u, run)
+	}
 	ls, code := acquireForRun(ctx, l, name, opts, *wait, *try, sigs, stderr, u)
 	if ls == nil {
 		return code
 	}
-	return runUnder(ctx, ls, path, rest, *grace, *heartbeat > 0, sigs, stdout, stderr, u)
+	return runUnder(ctx, ls, path, rest, *grace, *heartbeat > 0, sigs, stdout, stderr, u, false)
+}
+
+// runClock is the clock that names the slot of -once-per (tests shift it).
+var runClock = time.Now
+
+// exitCode is a run's exit status, as an error that leaves the slot open.
+type exitCode int
+
+func (c exitCode) Error() string { return "exit status " + strconv.Itoa(int(c)) }
+
+// runOnce is dlock run -once-per: dlock.Once with the command as its
+// function. The wait for another host's run of the slot ends at a signal or
+// when wait (if not zero) runs out, as acquireForRun's; neither bounds the
+// command once it runs.
+func runOnce(ctx context.Context, l *dlock.Locker, job, slot string, oo *dlock.OnceOptions, wait time.Duration, sigs <-chan os.Signal, stderr io.Writer, u *url.URL, run func(*dlock.Lease) int) int {
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var timer *time.Timer
+	if wait > 0 {
+		timer = time.AfterFunc(wait, func() { cancel(errWaitRanOut) })
+		defer timer.Stop()
+	}
+	started, watching := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watching)
+		select {
+		case s := <-sigs:
+			cancel(signalError{s.(syscall.Signal)})
+		case <-started:
+		}
+	}()
+	var startOnce sync.Once
+	start := func() {
+		startOnce.Do(func() { close(started) })
+		<-watching // from now on, runUnder forwards signals
+	}
+	defer start()
+	name := dlock.OnceName(job, slot)
+	err := l.Once(actx, job, slot, oo, func(_ context.Context, ls *dlock.Lease) error {
+		start()
+		if timer != nil && !timer.Stop() || actx.Err() != nil {
+			return context.Cause(actx) // the wait ended as the lock came
+		}
+		if code := run(ls); code != 0 {
+			return exitCode(code)
+		}
+		return nil
+	})
+	var code exitCode
+	var sig signalError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &code):
+		return int(code)
+	case errors.Is(err, dlock.ErrAlreadyDone):
+		fmt.Fprintf(stderr, "dlock run: %q: slot %s done already\n", job, slot)
+		return exitSlotDone
+	case errors.Is(err, dlock.ErrAttemptsExhausted):
+		fmt.Fprintf(stderr, "dlock run: %q: slot %s given up: %v\n", job, slot, err)
+		return exitSlotGivenUp
+	case errors.As(context.Cause(actx), &sig):
+		fmt.Fprintf(stderr, "dlock run: %v while waiting for %q\n", sig.s, name)
+		return 128 + int(sig.s)
+	case errors.Is(context.Cause(actx), errWaitRanOut):
+		fmt.Fprintf(stderr, "dlock run: %q not acquired: still held after waiting %v\n", name, wait)
+		return exitNotAcquired
+	case oo.NoWait && errors.Is(err, dlock.ErrNotAcquired):
+		fmt.Fprintf(stderr, "dlock run: %q not acquired: held by another\n", name)
+		return exitNotAcquired
+	case errors.Is(err, dlock.ErrInvalid), errors.Is(err, errors.ErrUnsupported):
+		fmt.Fprintf(stderr, "dlock run: -once-per: %v\n", driver.RedactError(err, u))
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "dlock run: %q: %v\n", name, driver.RedactError(err, u))
+	return exitFailed
 }
 
 // acquireForRun takes the lock as the flags say; a signal ends the wait. It
@@ -224,8 +352,9 @@ func (e signalError) Error() string { return e.s.String() }
 
 // runUnder runs the command under ls and returns dlock run's exit status.
 // With heartbeat, the command gets the write end of a pipe as fd 3, and
-// whatever it writes there is a heartbeat of ls.
-func runUnder(ctx context.Context, ls *dlock.Lease, path string, argv []string, grace time.Duration, heartbeat bool, sigs <-chan os.Signal, stdout, stderr io.Writer, u *url.URL) int {
+// whatever it writes there is a heartbeat of ls. With keep, it leaves ls
+// held (its caller releases it); env is added to the command's environment.
+func runUnder(ctx context.Context, ls *dlock.Lease, path string, argv []string, grace time.Duration, heartbeat bool, sigs <-chan os.Signal, stdout, stderr io.Writer, u *url.URL, keep bool, env ...string) int {
 	fence := ""
 	if f, ok := ls.Fence(); ok {
 		fence = strconv.FormatUint(f, 10)
@@ -239,8 +368,12 @@ func runUnder(ctx context.Context, ls *dlock.Lease, path string, argv []string, 
 		"DLOCK_TOKEN="+ls.Token(),
 		"DLOCK_VALID_UNTIL="+ls.ValidUntil().UTC().Format(time.RFC3339Nano),
 	)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	release := func() {
+		if keep {
+			return
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := ls.Release(rctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
