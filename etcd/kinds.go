@@ -230,9 +230,7 @@ func (d *driver) acquireKind(ctx context.Context, req dlockdriver.Request) (*dlo
 			continue // an idle lease was revoked behind our back
 		}
 		// The key may be there: revoking the lease removes it.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		_, _ = d.c.Revoke(cctx, l.id)
-		cancel()
+		d.revokeAfter(ctx, l)
 		return nil, d.waitError(ctx, k, err)
 	}
 	w := &waiter{d: d, k: k, rev: resp.Header.Revision, l: l, value: value, seen: resp.Header.Revision,

@@ -545,10 +545,13 @@ func (d *driver) reap(ctx context.Context) {
 // abandon deletes the key of a lock on a shared etcd lease that was put, or
 // may have been, and will not be held (the etcd lease cannot be revoked:
 // others' keys are on it). If the deletion fails the watch loop retries it;
-// a put applied after it is deleted as an orphan.
+// a put applied after it is deleted as an orphan. It returns within
+// cleanupGrace (see cleanUp).
 func (d *driver) abandon(ctx context.Context, h *handle) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
+	d.cleanUp(ctx, func(cctx context.Context) { d.abandonNow(cctx, h) })
+}
+
+func (d *driver) abandonNow(cctx context.Context, h *handle) {
 	if _, err := d.c.Delete(cctx, h.key); err == nil {
 		d.unregister(h)
 		return

@@ -27,6 +27,37 @@ const (
 // longer renewed and is revoked in the background.
 const cleanupTimeout = time.Second
 
+// cleanupGrace is how long a call whose ctx has ended waits for its
+// clean-up before it returns and leaves the clean-up to finish in the
+// background (bounded by cleanupTimeout; Close waits for it): the caller's
+// ctx bounds the call, a hung server's silence must not.
+const cleanupGrace = 250 * time.Millisecond
+
+// cleanUp runs f, the clean-up after a call that ended without a grant,
+// with cleanupTimeout, and waits for it at most cleanupGrace.
+func (d *driver) cleanUp(ctx context.Context, f func(context.Context)) {
+	done := make(chan struct{})
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		defer close(done)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		f(cctx)
+	}()
+	t := time.NewTimer(cleanupGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// revokeAfter revokes l, whose key may be there, after a failed put.
+func (d *driver) revokeAfter(ctx context.Context, l *lease) {
+	d.cleanUp(ctx, func(cctx context.Context) { _, _ = d.c.Revoke(cctx, l.id) })
+}
+
 // Test hooks, nil outside tests.
 var (
 	// beforeWatch runs between the read that found a waiter's predecessor
@@ -145,9 +176,7 @@ func (d *driver) Acquire(ctx context.Context, req dlockdriver.Request) (*dlockdr
 			continue // an idle lease was revoked behind our back
 		}
 		// The key may be there: revoking the lease removes it.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		_, _ = d.c.Revoke(cctx, l.id)
-		cancel()
+		d.revokeAfter(ctx, l)
 		return nil, d.waitError(ctx, k, err)
 	}
 	w := &waiter{d: d, k: k, rev: resp.Header.Revision, l: l, value: req.Metadata, seen: resp.Header.Revision, blockers: k.prefix, h: h}
@@ -224,17 +253,20 @@ func (w *waiter) grant() *dlockdriver.Grant {
 
 // leave deletes the waiter's key, if it is still there, after a wait that
 // ended without a grant, and gives its etcd lease back to the pool; when it
-// cannot, it revokes the etcd lease in the background.
+// cannot, it revokes the etcd lease in the background. It returns within
+// cleanupGrace (see cleanUp).
 func (w *waiter) leave(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
+	w.d.cleanUp(ctx, w.leaveNow)
+}
+
+func (w *waiter) leaveNow(cctx context.Context) {
 	resp, err := w.d.c.Txn(cctx).
 		If(clientv3.Compare(clientv3.CreateRevision(w.k.key), "=", w.rev)).
 		Then(clientv3.OpDelete(w.k.key)).
 		Commit()
 	switch {
 	case err != nil && w.h != nil:
-		w.d.abandon(ctx, w.h)
+		w.d.abandonNow(cctx, w.h)
 	case err != nil:
 		w.d.revoke(w.l)
 	case w.h != nil:

@@ -92,7 +92,8 @@ type cancelWatch struct {
 }
 
 // watch runs when the statement's ctx ends first: it sends cancel requests
-// until the statement returns, or gives the connection up cancelGrace later.
+// until the statement returns, or gives the connection up cancelGrace
+// (cancelGraceEnding) later.
 func (w *cancelWatch) watch() {
 	defer w.wg.Done()
 	w.mu.Lock()
@@ -103,7 +104,11 @@ func (w *cancelWatch) watch() {
 	// A request under way is let finish even once the statement returned,
 	// so that none reaches the server later and cancels the next statement
 	// (unless no statement follows: cancellableEnding).
-	gctx, gcancel := context.WithTimeout(context.WithoutCancel(w.ctx), cancelGrace)
+	grace := cancelGrace
+	if w.ends {
+		grace = cancelGraceEnding
+	}
+	gctx, gcancel := context.WithTimeout(context.WithoutCancel(w.ctx), grace)
 	defer gcancel()
 	w.cancelled = true
 	w.done = make(chan struct{})

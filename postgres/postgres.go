@@ -34,6 +34,11 @@ const (
 	// cancelGrace bounds how long a statement may run on after its ctx
 	// ended and a cancel request went out before its connection is closed.
 	cancelGrace = time.Second
+	// cancelGraceEnding is cancelGrace for a statement whose session ends
+	// anyway once a cancel was sent (cancellableEnding): a wait cut short
+	// by its ctx returns this soon after it, not a second later, when the
+	// server does not answer.
+	cancelGraceEnding = 150 * time.Millisecond
 	// cancelRetry is how often the cancel request is repeated while the
 	// statement runs on (a request that reached the server before the
 	// statement did is ignored there).

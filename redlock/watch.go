@@ -272,8 +272,9 @@ func (w *releaseWatch) untrack(i int, granted bool) {
 // stop silences the watch and removes its ticket from the queues that may
 // still have it (those from which no grant or hand-off removed it): it
 // returns once that is done on enough nodes that, with the nodes a grant or
-// a hand-off removed it from, a majority no longer has it; the removals
-// still running finish in the background, bounded by the node timeout.
+// a hand-off removed it from, a majority no longer has it, or stopGrace
+// later; the removals still running finish in the background, bounded by
+// the node timeout.
 // Unless the wait was granted by its hand-offs (the lease then holds them),
 // every node is also asked to give back what it handed to the wait, and to
 // hand it to the next waiter (giveBack): a hand-off whose message is still
@@ -331,10 +332,22 @@ func (w *releaseWatch) stop() {
 			done <- struct{}{}
 		}()
 	}
+	t := time.NewTimer(stopGrace)
+	defer t.Stop()
 	for ; n < w.quorum; n++ {
-		<-done
+		select {
+		case <-done:
+		case <-t.C:
+			return // the nodes do not answer: the rest is left to the background
+		}
 	}
 }
+
+// stopGrace bounds stop's wait for the removals: a wait that ended with its
+// ctx returns this soon after, even when the nodes do not answer. A ticket
+// left meanwhile costs the next waiter a pass-on of the hand-off (see
+// missed), not the lock.
+const stopGrace = 200 * time.Millisecond
 
 // tickets returns, for an attempt on name, the scores and tickets of this
 // Locker's waiters on it, which acquire.lua registers where the lock is
