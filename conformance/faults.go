@@ -168,3 +168,103 @@ func testCancelledAttempt(s *suite) {
 	}
 	fa.SetLatency(0)
 }
+
+// testDeadlineBlackholed black-holes a locker's path and checks that its
+// TryAcquire and Acquire return by their ctx's end: before any request got
+// through (nothing registered yet), and while queued behind a holder. What
+// a cut-short wait leaves on the server (a waiter's key or node) is the
+// driver's to clean up after the call has returned, not before: once healed,
+// it must not keep the name from others past its TTL.
+func testDeadlineBlackholed(s *suite) {
+	a, fa := s.locker(s.opts())
+	b, _ := s.locker(s.opts())
+	c, _ := s.locker(s.opts())
+	s.warm(a, b, c)
+	name := s.name()
+	healed := true
+	heal := func() {
+		if !healed {
+			healed = true
+			fa.Heal()
+		}
+	}
+	s.t.Cleanup(heal)
+	// bound is how long past its ctx's end a call may return: a quarter of
+	// the TTL for the driver's own clean-up attempt, and the tolerance.
+	bound := s.live(s.cfg.TTL/4) + s.tol()
+	// want is the error the call must match, nil for any (a TryAcquire may
+	// fail with the backend's error before its ctx ends).
+	check := func(what string, ended time.Time, err error, want error) {
+		s.t.Helper()
+		if err == nil {
+			s.t.Errorf("%s: acquired, want an error", what)
+		} else if want != nil && (!errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, want)) {
+			s.t.Errorf("%s: got %v, want ErrNotAcquired and %v", what, err, want)
+		}
+		if late := time.Since(ended); late > bound {
+			s.t.Errorf("%s returned %v after its ctx ended, want within %v (TTL/4 + tolerance%s)", what, late.Round(time.Millisecond), bound, s.scaled())
+		}
+	}
+
+	healed = false
+	fa.Blackhole()
+	for _, try := range []bool{true, false} {
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.TTL/2)
+		deadline, _ := ctx.Deadline()
+		var err error
+		if try {
+			_, err = a.TryAcquire(ctx, name, nil)
+		} else {
+			_, err = a.Acquire(ctx, name, nil)
+		}
+		cancel()
+		if try {
+			check("TryAcquire, black-holed before the call,", deadline, err, nil)
+		} else {
+			check("Acquire, black-holed before the call,", deadline, err, context.DeadlineExceeded)
+		}
+	}
+	heal()
+
+	// Queued behind b's lease, then black-holed.
+	lb := s.acquire(b, name, nil)
+	before, err := s.h.Residue(s.ctx, name)
+	if err != nil {
+		s.t.Fatalf("Residue: %v", err)
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		la, err := a.Acquire(ctx, name, nil)
+		if err == nil {
+			la.Release(s.ctx)
+		}
+		errc <- err
+	}()
+	s.queued(name, before, s.cfg.TTL/5) // let it wait
+	healed = false
+	fa.Blackhole()
+	time.Sleep(s.cfg.TTL / 4) // let the black hole swallow what the wait sends
+	cancelled := time.Now()
+	cancel()
+	select {
+	case err := <-errc:
+		check("Acquire, queued then black-holed,", cancelled, err, context.Canceled)
+	case <-time.After(s.live(10 * s.cfg.TTL)):
+		s.t.Fatalf("Acquire, queued then black-holed, did not return within %v (10×TTL%s) of its ctx's cancel", s.live(10*s.cfg.TTL), s.scaled())
+	}
+	heal()
+
+	// Whatever a's cut-short calls left must not hold the name past its
+	// TTL once b has released.
+	s.release(lb)
+	limit := s.live(2*s.cfg.TTL) + s.caps.ExpirySlack + s.tol()
+	actx, acancel := context.WithTimeout(s.ctx, limit)
+	defer acancel()
+	lc, err := c.Acquire(actx, name, nil)
+	if err != nil {
+		s.t.Fatalf("after the black-holed calls and b's release, another locker was not granted within %v (2×TTL + ExpirySlack + tolerance%s): %v", limit, s.scaled(), err)
+	}
+	s.release(lc)
+}
