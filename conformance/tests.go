@@ -45,7 +45,7 @@ var tests = []testCase{
 	// that nobody holds.
 	{name: "CancelledAttemptLeavesNoLock", fn: testCancelledAttempt},
 	// With the locker's path black-holed, TryAcquire and Acquire return by
-	// their ctx's end (plus TTL/4 and the tolerance), before the wait and
+	// their ctx's end (plus 250ms for clean-up, and the tolerance), before the wait and
 	// while queued; what they leave does not hold the name past its TTL.
 	{name: "DeadlineBlackholed", fn: testDeadlineBlackholed},
 	// The acquire context bounds only the wait: cancelling it after the

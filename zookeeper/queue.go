@@ -351,17 +351,22 @@ func place(req dlockdriver.Request, q []contender, i int) verdict {
 }
 
 // leave ends an acquisition that was not granted: it deletes its node (after
-// a doubt, every node with its GUID), waiting for that up to half the TTL (at
-// most a second); the deletion carries on in the background after that.
+// a doubt, every node with its GUID), waiting for that up to leaveGrace (or
+// half the TTL, if shorter); the deletion carries on in the background after
+// that. An Acquire whose ctx ended returns that soon after it, even when the
+// server does not answer.
 func (d *driver) leave(c *claim, ttl time.Duration) {
 	done := d.unclaim(c, true)
-	t := time.NewTimer(min(ttl/2, time.Second))
+	t := time.NewTimer(min(ttl/2, leaveGrace))
 	defer t.Stop()
 	select {
 	case <-done:
 	case <-t.C:
 	}
 }
+
+// leaveGrace bounds leave's wait for the deletion of the node.
+const leaveGrace = 250 * time.Millisecond
 
 // grant makes the lease's handle for n, granted as of a listing sent at
 // sent (zero: the lease counts from the call). The handle keeps the claim.
