@@ -202,7 +202,11 @@ func testAcquireAllWaiter(s *suite) {
 		time.Sleep(s.cfg.TTL / 50)
 	}
 	released, took := s.releaseTimed(last)
-	ls := s.grantedAfter(got, released, took, "the AcquireAll waiter", "the release of its last name")
+	// A notified wait, not a poll (a poll would wait out the holder's TTL,
+	// 20×TTL): within a TTL on top of the usual bound, for the steps after
+	// the last part's grant (postgres took 340-600ms at load 9, twice in
+	// busy run 22, and 847ms at load 30, against a 250ms tolerance).
+	ls := s.grantedWithin(got, released, took, s.cfg.TTL, "the AcquireAll waiter", "the release of its last name")
 	s.stillHeld(ls)
 	s.release(ls)
 }

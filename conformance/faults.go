@@ -173,7 +173,7 @@ func testCancelledAttempt(s *suite) {
 // clean-up (deleting a waiter's key or node, cancelling a statement) while
 // the server does not answer, before it returns and leaves the rest to the
 // background.
-const cutGrace = 250 * time.Millisecond
+const cutGrace = 500 * time.Millisecond
 
 // testDeadlineBlackholed black-holes a locker's path and checks that its
 // TryAcquire and Acquire return by their ctx's end: before any request got

@@ -45,8 +45,9 @@ var tests = []testCase{
 	// that nobody holds.
 	{name: "CancelledAttemptLeavesNoLock", fn: testCancelledAttempt},
 	// With the locker's path black-holed, TryAcquire and Acquire return by
-	// their ctx's end (plus 250ms for clean-up, and the tolerance), before the wait and
-	// while queued; what they leave does not hold the name past its TTL.
+	// their ctx's end (plus 500ms for clean-up, and the tolerance), before
+	// the wait and while queued; what they leave does not hold the name
+	// past its TTL.
 	{name: "DeadlineBlackholed", fn: testDeadlineBlackholed},
 	// The acquire context bounds only the wait: cancelling it after the
 	// grant does not end the lease.

@@ -37,8 +37,13 @@ const (
 	// cancelGraceEnding is cancelGrace for a statement whose session ends
 	// anyway once a cancel was sent (cancellableEnding): a wait cut short
 	// by its ctx returns this soon after it, not a second later, when the
-	// server does not answer.
-	cancelGraceEnding = 150 * time.Millisecond
+	// server does not answer. It is not shorter because a wait given up
+	// before the server has cancelled it stays in the lock's queue until
+	// the server notices the closed connection: a lock released meanwhile
+	// goes to that dead session for a moment. At 150ms, on a loaded
+	// machine, a TryAcquire right after such a release found the lock held
+	// (CancelDuringWait, busy run 22).
+	cancelGraceEnding = 400 * time.Millisecond
 	// cancelRetry is how often the cancel request is repeated while the
 	// statement runs on (a request that reached the server before the
 	// statement did is ignored there).
