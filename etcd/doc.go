@@ -39,6 +39,14 @@
 //     minimum (2s by default); [dlock.Lease.TTL] reports the TTL granted.
 //   - Semaphores, read/write locks and elections: FIFO, fenced by create
 //     revision (permits, writers, an election's term).
+//   - [dlock.Locker.TryAcquireAll] (and an uncontended AcquireAll) is one
+//     transaction for up to 128 names (etcd's default --max-txn-ops), all
+//     or none, every name fenced by its revision; more go one by one.
+//   - No [dlock.Locker.Steal] (errors.ErrUnsupported): the queue's order
+//     and the fence are both a key's create revision, fixed when it is put,
+//     so a stealer's fence above the holder's would be above every queued
+//     waiter's too, and fences would go backwards at the next hand-off
+//     (DESIGN.md says why each way round fails, and what would work).
 //
 // # Layout
 //

@@ -161,6 +161,16 @@ func (d *driver) sendGroup(batch []*groupTxn) {
 		ops[i] = clientv3.OpTxn([]clientv3.Cmp{t.cmp}, t.then, t.els)
 	}
 	resp, err := d.c.Txn(ctx).Then(ops...).Commit()
+	if tooManyOps(err) {
+		// A server whose --max-txn-ops is below the group's operations
+		// (the nested ones count too) refused it before applying any:
+		// each goes alone.
+		for _, t := range batch {
+			resp, err := d.c.Txn(ctx).If(t.cmp).Then(t.then...).Else(t.els...).Commit()
+			t.done <- groupDone{resp, err}
+		}
+		return
+	}
 	for i, t := range batch {
 		if err != nil {
 			t.done <- groupDone{nil, err}
