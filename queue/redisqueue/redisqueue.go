@@ -100,6 +100,8 @@ type taskDriver struct {
 	seq    uint64                // numbers the waiter entries
 	closed bool
 	bg     sync.WaitGroup // the lingering groups' timers
+
+	migrated sync.Map // queue name -> struct{}: see migrate
 }
 
 // waitGroup is a Client's waiters of one queue (see Watch): one
@@ -125,6 +127,40 @@ func (d *taskDriver) keys(q string) []string {
 	return []string{k + "due", k + "claimed", k + "dead", k + "payload", k + "info", k + "waiters"}
 }
 
+// migrate converts, once per queue and Client, what the previous layout
+// stored for the queue (tasks_admin.lua's "migrate": attempts move from
+// P{Q}:info into P{Q}:payload) before the Client's first operation on it.
+// Claims an older client made are left for it to settle, and otherwise
+// recovered when they expire.
+func (d *taskDriver) migrate(ctx context.Context, q string) error {
+	if _, ok := d.migrated.Load(q); ok {
+		return nil
+	}
+	for cursor := "0"; ; {
+		next, err := tasksAdmin.Run(ctx, d.c, d.keys(q), "migrate", cursor).Text()
+		if err != nil {
+			return fmt.Errorf("converting the previous layout: %w", err)
+		}
+		if next == "0" {
+			break
+		}
+		cursor = next
+	}
+	d.migrated.Store(q, struct{}{})
+	return nil
+}
+
+// run runs a script on the queue's keys, the queue's previous layout
+// converted first.
+func (d *taskDriver) run(ctx context.Context, s *goredis.Script, q string, args ...any) *goredis.Cmd {
+	if err := d.migrate(ctx, q); err != nil {
+		cmd := goredis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return s.Run(ctx, d.c, d.keys(q), args...)
+}
+
 func (d *taskDriver) Ping(ctx context.Context) error {
 	if err := d.c.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: connecting: %w", err)
@@ -141,7 +177,7 @@ func (d *taskDriver) Enqueue(ctx context.Context, q string, r qdriver.EnqueueReq
 	if !r.At.IsZero() {
 		at = strconv.FormatInt(qdriver.UpMilli(r.At).UnixMilli(), 10)
 	}
-	v, err := tasksEnqueue.Run(ctx, d.c, d.keys(q), r.ID, ms(r.Delay), at, r.Payload, int(r.Mode)).Int()
+	v, err := d.run(ctx, tasksEnqueue, q, r.ID, ms(r.Delay), at, r.Payload, int(r.Mode)).Int()
 	if err != nil {
 		return 0, fmt.Errorf("redis: enqueue on %q: %w", q, err)
 	}
@@ -183,9 +219,9 @@ func (d *taskDriver) take(ctx context.Context, q, op string, n int, vis time.Dur
 		d.wmu.Unlock()
 	}
 	if op == "claim" {
-		token = qdriver.NewToken()
+		token = qdriver.NewToken() // the script makes each claim's token of it, its attempts and its index
 	}
-	v, err := tasksTake.Run(ctx, d.c, d.keys(q), op, n, ms(vis), max, token, member).Slice()
+	v, err := d.run(ctx, tasksTake, q, op, n, ms(vis), max, token, member).Slice()
 	if err != nil {
 		if g != nil {
 			// This may have been the waiter woken for a task it did
@@ -227,7 +263,7 @@ func (d *taskDriver) Claim(ctx context.Context, q string, n int, vis time.Durati
 }
 
 func (d *taskDriver) settle(ctx context.Context, q, op, id, token string, dur time.Duration, max int) (bool, error) {
-	v, err := tasksSettle.Run(ctx, d.c, d.keys(q), op, id, token, ms(dur), max).Int()
+	v, err := d.run(ctx, tasksSettle, q, op, id, token, ms(dur), max).Int()
 	if err != nil {
 		return false, fmt.Errorf("redis: %s of %q on %q: %w", op, id, q, err)
 	}
@@ -247,7 +283,7 @@ func (d *taskDriver) Nack(ctx context.Context, q, id, token string, delay time.D
 }
 
 func (d *taskDriver) admin(ctx context.Context, q string, args ...any) *goredis.Cmd {
-	return tasksAdmin.Run(ctx, d.c, d.keys(q), args...)
+	return d.run(ctx, tasksAdmin, q, args...)
 }
 
 func (d *taskDriver) Delete(ctx context.Context, q, id string, due time.Time) (bool, error) {

@@ -9,30 +9,34 @@ local due = after(now, start, tonumber(ARGV[2]))
 if ARGV[3] ~= "" then
 	due = tonumber(ARGV[3])
 end
-local result = 1
-if ARGV[5] == "0" then
-	-- Keep: one write when the id is new, none when it is queued.
-	if redis.call("ZSCORE", KEYS[2], id) or redis.call("ZADD", KEYS[1], "NX", due, id) == 0 then
-		return 2
-	end
-elseif redis.call("ZSCORE", KEYS[1], id) or redis.call("ZSCORE", KEYS[2], id) then
-	local a = info(id)
-	redis.call("ZREM", KEYS[2], id) -- ends a claim
+-- A payload field exists exactly while the id is queued or dead: a new id
+-- costs this one write besides its ZADD.
+if redis.call("HSETNX", KEYS[4], id, ARGV[4]) == 1 then
 	redis.call("ZADD", KEYS[1], due, id)
-	redis.call("HSET", KEYS[5], id, a .. ":")
+	wake(now)
+	return 1
+end
+local result = 1
+if redis.call("ZREM", KEYS[3], id) == 1 then
+	-- A dead task is added anew, attempts 0.
+	redis.call("HSET", KEYS[4], id, ARGV[4])
+	redis.call("HDEL", KEYS[4], id .. "\0")
+elseif ARGV[5] == "0" then
+	return 2
+else
+	if not redis.call("ZSCORE", KEYS[1], id) then
+		local m = findClaim(id) -- ends a claim
+		if m then
+			local _, a = claimOf(m)
+			unclaimed(m, id, a)
+		end
+	end
 	result = 4
 	if ARGV[5] == "1" then
 		redis.call("HSET", KEYS[4], id, ARGV[4])
 		result = 3
 	end
-else
-	redis.call("ZADD", KEYS[1], due, id)
 end
-if result == 1 then
-	if redis.call("ZREM", KEYS[3], id) == 1 then
-		redis.call("HDEL", KEYS[5], id) -- a dead task is added anew, attempts 0
-	end
-	redis.call("HSET", KEYS[4], id, ARGV[4])
-end
+redis.call("ZADD", KEYS[1], due, id)
 wake(now)
 return result

@@ -6,22 +6,19 @@
 -- Returns 1 when done, 0 when the claim is not current.
 local now, start = clock()
 local id = ARGV[2]
-local deadline = redis.call("ZSCORE", KEYS[2], id)
+local m = member(id, ARGV[3])
+local deadline = redis.call("ZSCORE", KEYS[2], m)
 if not deadline or tonumber(deadline) <= now then
 	return 0
 end
-local a, tok = info(id)
-if tok ~= ARGV[3] then
-	return 0
-end
 if ARGV[1] == "ack" then
-	redis.call("ZREM", KEYS[2], id)
+	redis.call("ZREM", KEYS[2], m)
 	forget(id)
 elseif ARGV[1] == "extend" then
-	redis.call("ZADD", KEYS[2], start + tonumber(ARGV[4]), id)
+	redis.call("ZADD", KEYS[2], start + tonumber(ARGV[4]), m)
 else
-	redis.call("ZREM", KEYS[2], id)
-	redis.call("HSET", KEYS[5], id, a .. ":")
+	local _, a = claimOf(m)
+	unclaimed(m, id, a)
 	local max = tonumber(ARGV[5])
 	if max > 0 and a >= max then
 		redis.call("ZADD", KEYS[3], now, id)
