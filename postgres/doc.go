@@ -38,6 +38,13 @@
 //     sessions, whose end loses every lease on it; 10,000 leases on the
 //     default URL. shared_sessions=false gives every lease a connection
 //     (at most pool_max_conns), shared_sessions=true shares from the first.
+//   - AcquireAll: one statement try-locks every name, in sorted order, on
+//     one shared session, and gives back what it took when one is busy (all
+//     or none, one round trip); without shared sessions, or with a TTL under
+//     [SharedMinTTL], the names are taken one by one.
+//   - No [dlock.Locker.Steal]: a lock belongs to its holder's session, which
+//     only ending that session frees (pg_terminate_backend), taking every
+//     other lock of the session with it.
 //
 // # Layout
 //

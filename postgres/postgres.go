@@ -249,6 +249,7 @@ func newDriver(pool *pgxpool.Pool, opts *Options, ownsPool bool) *driver {
 	}
 	d.waitStmt, d.waitKept = acquire(waitTake, prevSettings), acquire(waitTakeKept, prevKept)
 	d.tryStmt, d.tryKept = acquire(tryTake, prevSettings), acquire(tryTakeKept, prevKept)
+	d.acquireAll = acquireAllStatement(fence)
 	d.kinds = newKindStmts(fence)
 	if d.fencing {
 		d.meta = newMetadataStmts(d.fence)
@@ -277,6 +278,8 @@ type driver struct {
 	// once, setting the session up or (Kept) finding it set up already
 	waitStmt, waitKept, tryStmt, tryKept *stmt
 	maxParked                            int // see park
+	// acquire_all.sql with the fencing expression in place (all.go)
+	acquireAll string
 	// the statements of the other kinds (kinds.go), by Kind
 	kinds [dlockdriver.KindWrite + 1]*kindStmts
 	meta  *metadataStmts // nil without fencing (metadata.go)

@@ -36,6 +36,17 @@
 //   - Semaphores (FIFO, no permit fencing), read/write locks (writers fenced,
 //     a waiting writer keeps new readers out) and leader election (the
 //     candidate in the lock node's data).
+//   - AcquireAll: one multi-op creates every name's node; a node alone
+//     under its name is first, so an uncontended TryAcquireAll is one round
+//     trip (the names whose node is not alone are listed; if one is not
+//     first, one multi-op deletes every node and nothing is taken).
+//   - No [dlock.Locker.Steal]: a node's fence is its czxid, fixed when it
+//     joins the queue. A stealer's node, created at the steal and put ahead
+//     of the waiters so that they keep their places, has a czxid above
+//     theirs: each waiter queued before the steal would be granted after the
+//     stealer with a lower fence, which a fenced store refuses. Keeping the
+//     order needs the waiters to queue again (losing their places) or a
+//     fence taken at each grant (a write per grant); neither is done.
 //
 // # Layout
 //

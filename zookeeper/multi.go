@@ -1,6 +1,10 @@
 package zookeeper
 
-import "github.com/go-zookeeper/zk"
+import (
+	"path"
+
+	"github.com/go-zookeeper/zk"
+)
 
 // maxFlights bounds the grouped requests (see multi) in flight at once on
 // a session.
@@ -18,9 +22,12 @@ const (
 type groupOp struct {
 	reqs []any // *zk.CreateRequest, *zk.SetDataRequest, *zk.DeleteRequest
 	data int   // bytes of data in reqs
-	res  []zk.MultiResponse
-	err  error
-	done chan struct{}
+	// parents are the nodes reqs create children under: two creates under
+	// one node never share a multi-op (see flush)
+	parents []string
+	res     []zk.MultiResponse
+	err     error
+	done    chan struct{}
 }
 
 // multi runs reqs as one multi-op, as conn.Multi does (a lone delete as a
@@ -38,6 +45,7 @@ func (s *session) multi(reqs ...any) ([]zk.MultiResponse, error) {
 		switch r := r.(type) {
 		case *zk.CreateRequest:
 			op.data += len(r.Data) + len(r.Path)
+			op.parents = append(op.parents, path.Dir(r.Path))
 		case *zk.SetDataRequest:
 			op.data += len(r.Data) + len(r.Path)
 		case *zk.DeleteRequest:
@@ -66,20 +74,34 @@ func (s *session) deleteNode(path string, version int32) error {
 	return err
 }
 
-// flush sends the queued operations until none is left.
+// flush sends the queued operations until none is left. Two creates under
+// one name's node never go in one multi-op: the nodes of a multi-op share
+// its zxid, each node's czxid, which is its lease's fence; two lock nodes
+// of one name with one czxid would give two holders, one after the other,
+// the same fence.
 func (s *session) flush() {
 	defer s.calls.Done()
+	var parents map[string]struct{}
 	for {
 		s.mu.Lock()
 		n, ops, data := 0, 0, 0
+		clear(parents)
 		for n < len(s.queued) {
 			op := s.queued[n]
-			if n > 0 && (ops+len(op.reqs) > maxGroupOps || data+op.data > maxGroupData) {
+			if n > 0 && (ops+len(op.reqs) > maxGroupOps || data+op.data > maxGroupData || sharesParent(parents, op.parents)) {
 				break
 			}
 			n++
 			ops += len(op.reqs)
 			data += op.data
+			if len(op.parents) > 0 {
+				if parents == nil {
+					parents = make(map[string]struct{})
+				}
+				for _, p := range op.parents {
+					parents[p] = struct{}{}
+				}
+			}
 		}
 		batch := s.queued[:n:n]
 		s.queued = s.queued[n:]
@@ -153,4 +175,14 @@ func (s *session) send(batch []*groupOp) {
 			failed -= len(op.reqs)
 		}
 	}
+}
+
+// sharesParent reports whether any of ps is in parents.
+func sharesParent(parents map[string]struct{}, ps []string) bool {
+	for _, p := range ps {
+		if _, ok := parents[p]; ok {
+			return true
+		}
+	}
+	return false
 }
