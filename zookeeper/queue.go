@@ -97,6 +97,13 @@ func (w *queueWait) look(ctx context.Context) (*dlockdriver.Grant, lookNext, err
 		list, _, err = s.conn.Children(c.parent)
 		return err
 	}, nil)
+	if errors.Is(err, zk.ErrNoNode) {
+		// The name's node is gone, so is n: deleted by someone else, and
+		// the emptied container by the server.
+		w.d.knowParent(c.parent, false)
+		w.d.forget(c)
+		return nil, lookDone, errRequeue
+	}
 	if err != nil {
 		return nil, lookFailed, err
 	}
