@@ -24,9 +24,8 @@
 //
 // Package queue's semantics: due times and claim deadlines on the server's
 // clock, to the millisecond, rounded the safe way; each operation one
-// statement, so committed or not at all (Acks sent while another Ack of the
-// queue runs share the next statement, each checked against its own claim);
-// tasks as durable as the database's commits. The table is created on first use (which needs the right to
+// statement, so committed or not at all; tasks as durable as the database's
+// commits. The table is created on first use (which needs the right to
 // create it); an administrator may run tasks.sql instead. A waiting Client
 // holds one connection of the pool, LISTENing, while it waits.
 //

@@ -47,9 +47,8 @@ type QueueOptions struct {
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$`)
 
 // NewQueue returns a task-queue Client (package queue) on the
-// application's pool: every operation is one statement (Acks sent together
-// share one), and a NOTIFY after it when it made a task due while a Client
-// was waiting on the table;
+// application's pool: every operation is one statement (and a NOTIFY after
+// it when it made a task due while a Client was waiting on the table);
 // waiting Claims are woken by LISTEN/NOTIFY on one connection of the pool,
 // held while someone waits. Closing the Client does not close the pool.
 func NewQueue(pool *pgxpool.Pool, opts *QueueOptions) (*queue.Client, error) {
@@ -95,7 +94,6 @@ func newTaskDriver(pool *pgxpool.Pool, opts *QueueOptions, owns bool) (*taskDriv
 	}
 	d := &taskDriver{pool: pool, owns: owns, table: table, watchers: map[string]map[chan struct{}]struct{}{}}
 	d.sql = strings.NewReplacer("dlock_tasks", table)
-	d.acks, d.ackSQL = map[string]*ackQueue{}, d.q(ackBatchSQL)
 	d.enqueueSQL = d.q(enqueueSQL)
 	d.peekSQL, d.popSQL, d.claimSQL = d.q(takeSQL(peekOp)), d.q(takeSQL(popOp)), d.q(takeSQL(claimOp))
 	return d, nil
@@ -114,8 +112,6 @@ type taskDriver struct {
 	ddlOK bool
 
 	due dueWakes // the due times of waiting Claims and Pops (due.go)
-
-	ackState // Acks' batches (acks.go)
 
 	wmu      sync.Mutex
 	watchers map[string]map[chan struct{}]struct{} // by queue
@@ -622,7 +618,7 @@ func (d *taskDriver) execDue(ctx context.Context, what, qn string, update string
 }
 
 func (d *taskDriver) Ack(ctx context.Context, qn, id, token string) (bool, error) {
-	return d.ack(ctx, qn, id, token)
+	return d.exec(ctx, "ack", qn, `DELETE FROM dlock_tasks WHERE `+current, qn, id, token)
 }
 
 func (d *taskDriver) Extend(ctx context.Context, qn, id, token string, ext time.Duration) (bool, error) {
@@ -836,7 +832,6 @@ func (d *taskDriver) Close() error {
 		stop()
 	}
 	d.lwg.Wait()
-	d.closeAcks()
 	if d.owns {
 		d.pool.Close()
 	}
