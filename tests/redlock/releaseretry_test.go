@@ -78,9 +78,11 @@ func testReleaseRetriesNodes(t *testing.T, c *cluster, cut []int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := c.holders(t, lockKey(name), ls.Token()); n != 3 {
-		t.Fatalf("the lock is on %d of 3 nodes, want 3", n)
-	}
+	// TryAcquire returns once a majority took the lock; the third node's
+	// request may still be on its way (busy run 26: 2 of 3 at load 8).
+	eventually(t, nodeTimeout+slack(t), "the lock on all 3 nodes", func() bool {
+		return c.holders(t, lockKey(name), ls.Token()) == 3
+	})
 
 	for _, i := range cut {
 		ps[i].Blackhole()
