@@ -30,7 +30,10 @@ func TestMinReplicas(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	waiting := newLocker(t, client(), &redis.Options{MinReplicas: 1})
+	// 500ms, not the default 100ms: on a loaded machine the replica's
+	// acknowledgement once took longer than 100ms (busy run 27, load 8),
+	// and the subject here is what a missing acknowledgement does.
+	waiting := newLocker(t, client(), &redis.Options{MinReplicas: 1, MinReplicasTimeout: 500 * time.Millisecond})
 	plain := newLocker(t, client(), nil)
 	name := t.Name()
 
