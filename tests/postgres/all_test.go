@@ -125,43 +125,12 @@ func TestTryAcquireAllOneStatement(t *testing.T) {
 func BenchmarkTryAcquireAll(b *testing.B) {
 	addr := dlocktest.Require(b, dlocktest.Postgres).Addr()
 	l := newLocker(b, addr, &postgres.Options{Defaults: dlock.Options{TTL: 5 * time.Second}})
-	ctx := context.Background()
-	for _, k := range []int{2, 5, 20} {
+	prefix := "all-bench-" + testutil.RandomHex(4) + "-"
+	testutil.BenchTryAcquireAll(b, l, func(k int) []string {
 		names := make([]string, k)
-		prefix := "all-bench-" + testutil.RandomHex(4) + "-"
 		for i := range names {
-			names[i] = fmt.Sprintf("%s%02d", prefix, i)
+			names[i] = fmt.Sprintf("%sk%d-%02d", prefix, k, i)
 		}
-		b.Run(fmt.Sprintf("all/k=%d", k), func(b *testing.B) {
-			for b.Loop() {
-				ls, err := l.TryAcquireAll(ctx, names, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				if err := ls.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-				b.StartTimer()
-			}
-		})
-		b.Run(fmt.Sprintf("singles/k=%d", k), func(b *testing.B) {
-			held := make([]*dlock.Lease, k)
-			for b.Loop() {
-				for i, n := range names {
-					var err error
-					if held[i], err = l.TryAcquire(ctx, n, nil); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StopTimer()
-				for _, ls := range held {
-					if err := ls.Release(ctx); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StartTimer()
-			}
-		})
-	}
+		return names
+	})
 }

@@ -126,41 +126,6 @@ func TestTryAcquireAllOneMultiOp(t *testing.T) {
 // not timed.
 func BenchmarkTryAcquireAll(b *testing.B) {
 	srv := zkServer(b)
-	o := withTTL(20 * time.Second)
-	l := connect(b, srv.Addr(), o)
-	ctx := context.Background()
-	for _, k := range []int{2, 5, 20} {
-		names := allNames(k)
-		b.Run(fmt.Sprintf("all/k=%d", k), func(b *testing.B) {
-			for b.Loop() {
-				ls, err := l.TryAcquireAll(ctx, names, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				if err := ls.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-				b.StartTimer()
-			}
-		})
-		b.Run(fmt.Sprintf("singles/k=%d", k), func(b *testing.B) {
-			held := make([]*dlock.Lease, k)
-			for b.Loop() {
-				for i, n := range names {
-					var err error
-					if held[i], err = l.TryAcquire(ctx, n, nil); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StopTimer()
-				for _, ls := range held {
-					if err := ls.Release(ctx); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StartTimer()
-			}
-		})
-	}
+	l := connect(b, srv.Addr(), withTTL(20*time.Second))
+	testutil.BenchTryAcquireAll(b, l, allNames)
 }
