@@ -198,16 +198,31 @@ func (l *Locker) acquireValid(ctx context.Context, obj object, o Options, wait b
 
 // waitError shapes the error of an acquisition that ended without a grant.
 func waitError(ctx, actx context.Context, err error) error {
+	ended := ctxEnded(ctx)
 	switch {
-	case ctx.Err() == nil && errors.Is(context.Cause(actx), ErrClosed):
+	case ended == nil && errors.Is(context.Cause(actx), ErrClosed):
 		return joinLine(ErrNotAcquired, ErrClosed)
-	case ctx.Err() != nil:
-		if errors.Is(err, ctx.Err()) && errors.Is(err, ErrNotAcquired) {
+	case ended != nil:
+		if errors.Is(err, ended) && errors.Is(err, ErrNotAcquired) {
 			return joinLine(err)
 		}
-		return joinLine(ErrNotAcquired, ctx.Err(), err)
+		return joinLine(ErrNotAcquired, ended, err)
 	}
 	return joinLine(err)
+}
+
+// ctxEnded is ctx.Err(), or context.DeadlineExceeded once ctx's deadline
+// has passed: a client that was handed the deadline (a dial, a socket's
+// deadline, a server told of it) may fail with its own timeout before ctx's
+// timer has fired, on a loaded machine.
+func ctxEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // queue is the waiting for drivers whose backend queues waiters: one

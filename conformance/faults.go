@@ -6,6 +6,7 @@ package conformance
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/dlock/dlock"
@@ -277,4 +278,57 @@ func testDeadlineBlackholed(s *suite) {
 		s.t.Fatalf("after the black-holed calls and b's release, another locker was not granted within %v (2×a's TTL + ExpirySlack + tolerance%s): %v", limit, s.scaled(), err)
 	}
 	s.release(lc)
+}
+
+// testDeadlineAtGrant makes TryAcquires whose ctx ends while they run, at
+// deadlines that hunt the edge between cut short and granted, so that some
+// end just as the grant's last request is answered. A grant returned
+// is held: its release succeeds. (A client library that ends a connection
+// when a ctx it watched ends, even after the answer came, may take the
+// session, and with it the lock, from under a grant just returned.)
+func testDeadlineAtGrant(s *suite) {
+	a, _ := s.locker(s.opts())
+	s.warm(a)
+	// took is the median of an uncontended TryAcquire under a ctx with a
+	// deadline.
+	var samples []time.Duration
+	for range 9 {
+		ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+		start := time.Now()
+		ls, err := a.TryAcquire(ctx, s.name(), nil)
+		took := time.Since(start)
+		cancel()
+		if err != nil {
+			s.t.Fatalf("TryAcquire: %v", err)
+		}
+		s.release(ls)
+		samples = append(samples, took)
+	}
+	slices.Sort(samples)
+	took := samples[len(samples)/2]
+	const rounds = 120
+	granted := 0
+	// d hunts the edge between cut short and granted, where a ctx ends as
+	// the grant's last answer arrives: longer after a cut, shorter after a
+	// grant. (An attempt after a cut one may take longer than took: the
+	// driver may have had to discard its connection.)
+	d := took
+	for i := range rounds {
+		ctx, cancel := context.WithTimeout(s.ctx, d)
+		ls, err := a.TryAcquire(ctx, s.name(), nil)
+		cancel()
+		if err != nil {
+			if !errors.Is(err, dlock.ErrNotAcquired) {
+				s.t.Fatalf("TryAcquire cut short at %v: got %v, want ErrNotAcquired", d, err)
+			}
+			d = min(d*5/4, max(50*took, 200*time.Millisecond))
+			continue
+		}
+		d = d * 9 / 10
+		granted++
+		if err := ls.Release(s.ctx); err != nil {
+			s.t.Fatalf("round %d: TryAcquire granted with its ctx ending at %v (an attempt takes %v), then Release: %v", i, d, took, err)
+		}
+	}
+	s.t.Logf("%d of %d attempts granted (an attempt takes %v)", granted, rounds, took)
 }

@@ -49,6 +49,9 @@ var tests = []testCase{
 	// the wait and while queued; what they leave does not hold the name
 	// past its TTL.
 	{name: "DeadlineBlackholed", fn: testDeadlineBlackholed},
+	// TryAcquires whose ctx ends while they run, at deadlines around an
+	// attempt's length: a grant returned is held (its Release succeeds).
+	{name: "DeadlineAtGrant", fn: testDeadlineAtGrant},
 	// The acquire context bounds only the wait: cancelling it after the
 	// grant does not end the lease.
 	{name: "CancelAfterGrant", fn: testCancelAfterGrant},

@@ -74,6 +74,9 @@ func (l *lease) check(ctx context.Context) error {
 	if err := l.c.QueryRowContext(ctx, heldSQL, l.key).Scan(&held); err != nil {
 		return l.failed("checking", err)
 	}
+	if !alive(l.c) {
+		return l.failed("checking", cause(ctx))
+	}
 	if !held.Valid || !held.Bool {
 		// Another session can take the lock only after this one let go of
 		// it, which it never does but on Release.

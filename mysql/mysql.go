@@ -271,6 +271,12 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 		}
 		fence = uint64(id)
 	}
+	if !alive(c) {
+		// ctx ended as the last statement was answered, and the client
+		// library closed the session for it: the lock went with it.
+		discard(c)
+		return nil, fmt.Errorf("mysql: the session ended with ctx after GET_LOCK: %w", cause(ctx))
+	}
 	l := &lease{d: d, c: c, key: key, connID: connID.Int64, fence: fence, secs: secs}
 	d.mu.Lock()
 	if d.closed {
@@ -319,6 +325,30 @@ func (d *driver) putBack(c *sql.Conn) {
 		return
 	}
 	_ = c.Close()
+}
+
+// alive reports whether c's session is still open. The client library
+// watches a statement's ctx until the statement's answer is read, and when
+// the ctx ends at that moment it may close the connection although the
+// statement succeeded: a statement's success alone does not show that the
+// session, and the locks it holds, outlived it.
+func alive(c *sql.Conn) bool {
+	ok := true
+	err := c.Raw(func(dc any) error {
+		if v, is := dc.(sqldriver.Validator); is {
+			ok = v.IsValid()
+		}
+		return nil
+	})
+	return ok && err == nil
+}
+
+// cause is ctx's error, or ErrBadConn when the session ended without it.
+func cause(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return sqldriver.ErrBadConn
 }
 
 // discard closes a connection instead of returning it to the pool: its
