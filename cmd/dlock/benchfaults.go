@@ -36,6 +36,7 @@ func benchFaultsMain(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.BoolVar(&cfg.Sanity, "sanity", false, "harness check: the clients' locks do not exclude each other (a name each; on memory, a store each), so overlaps must show; no peers")
 	peers := fs.Bool("peers", true, "also run the libraries users would otherwise pick on each backend (those of dlock bench -peers)")
 	asJSON := fs.Bool("json", false, "write the report as JSON on stdout instead of the table")
+	out := fs.String("o", "", "also write the report to `file`: .html for a page with a timeline per run, .md for Markdown, .json for JSON, .txt for text")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: %s [flags]
@@ -56,6 +57,8 @@ out of order, losses reported and not, the loss reports' latency,
 recovery after the last heal, the longest time without a grant, and
 acquisitions that hung past their ctx. Servers are started in Docker on
 127.0.0.1 unless -url names one. -sanity proves the checker sees overlaps.
+-o report.html writes a page with a timeline per run: a lane per client,
+its held intervals, the fault windows shaded, overlaps in red.
 
 Flags:
 `, cmd)
@@ -78,6 +81,13 @@ Flags:
 		return fail("-clients, -duration, -hold and -ttl must be positive, -long at most 1")
 	case cfg.Sanity && cfg.Clients == 1:
 		return fail("-sanity needs at least 2 clients")
+	}
+	outFormat := ""
+	if *out != "" {
+		var err error
+		if outFormat, err = bench.FormatFor(*out); err != nil {
+			return fail("-o: %v", err)
+		}
 	}
 	if cfg.Sanity && !isSet(fs, "clients") {
 		cfg.Clients = 2
@@ -134,6 +144,12 @@ Flags:
 	if err := bench.WriteFaults(stdout, format, rep); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 1
+	}
+	if *out != "" {
+		if err := writeFile(*out, func(w io.Writer) error { return bench.WriteFaults(w, outFormat, rep) }); err != nil {
+			fmt.Fprintf(stderr, "%s: -o: %v\n", cmd, err)
+			return 1
+		}
 	}
 	if ctx.Err() != nil {
 		fmt.Fprintf(stderr, "%s: interrupted: the table shows what was measured before\n", cmd)

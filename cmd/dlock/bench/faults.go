@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -198,6 +199,35 @@ type FaultsRow struct {
 	// Errors are the harness's own failures (a client that could not be
 	// opened, a server that could not be paused).
 	Errors []string `json:"errors,omitempty"`
+	// Timeline is what happened when, for the HTML report's timeline.
+	Timeline *FaultsTimeline `json:"timeline,omitempty"`
+}
+
+// FaultsTimeline is a run as it happened, in milliseconds from its start
+// on this process's monotonic clock.
+type FaultsTimeline struct {
+	Phase float64 `json:"phase_ms"` // the fault phase's end
+	End   float64 `json:"end_ms"`   // the run's end
+	// Held are the believed-held intervals; Kind is how each ended:
+	// "release", "loss" (its library's signal) or "validity" (its deadline
+	// passed first).
+	Held []TimelineSpan `json:"held"`
+	// Faults are the fault windows; Client -1 is a server fault, Kind the
+	// fault's kind.
+	Faults []TimelineSpan `json:"faults"`
+	// Overlaps are the overlapping stretches of two clients' intervals:
+	// Client held first, Other was granted during it; Kind is "overlap",
+	// or "excused" when a documented hazard allows it.
+	Overlaps []TimelineSpan `json:"overlaps,omitempty"`
+}
+
+// TimelineSpan is one interval of a FaultsTimeline.
+type TimelineSpan struct {
+	Client int     `json:"client"`
+	Other  int     `json:"other,omitempty"`
+	From   float64 `json:"from_ms"`
+	To     float64 `json:"to_ms"`
+	Kind   string  `json:"kind"`
 }
 
 // FaultsReport is a faults run.
@@ -1017,6 +1047,24 @@ func (r *faultsRun) excused(a, b *faultsLease) string {
 	return ""
 }
 
+// earlier is the earlier of a and b.
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// ms is t in milliseconds from the run's start.
+func (r *faultsRun) ms(t time.Time) float64 {
+	return float64(t.Sub(r.epoch)) / float64(time.Millisecond)
+}
+
+// span is an interval of the timeline.
+func (r *faultsRun) span(client, other int, from, to time.Time, kind string) TimelineSpan {
+	return TimelineSpan{Client: client, Other: other, From: r.ms(from), To: max(r.ms(to), r.ms(from)), Kind: kind}
+}
+
 // check computes the row's figures from what the run recorded.
 func (r *faultsRun) check(end time.Time) {
 	r.mu.Lock()
@@ -1025,6 +1073,14 @@ func (r *faultsRun) check(end time.Time) {
 	row.Grants = len(r.leases)
 	byGrant := slices.Clone(r.leases)
 	slices.SortFunc(byGrant, func(a, b *faultsLease) int { return a.grant.Compare(b.grant) })
+	tl := &FaultsTimeline{Phase: r.ms(r.phase), End: r.ms(end)}
+	row.Timeline = tl
+	for _, l := range byGrant {
+		tl.Held = append(tl.Held, r.span(l.client, 0, l.grant, earlier(l.end, end), l.ended))
+	}
+	for _, w := range r.windows {
+		tl.Faults = append(tl.Faults, r.span(w.client, 0, w.from, w.to, w.kind))
+	}
 
 	// Overlaps: each lease against the earlier ones whose belief still runs
 	// at its grant; and for each, the first grant of another client after
@@ -1038,7 +1094,9 @@ func (r *faultsRun) check(end time.Time) {
 			if a.client == b.client {
 				continue
 			}
+			to := earlier(earlier(a.end, b.end), end)
 			if why := r.excused(a, b); why != "" {
+				tl.Overlaps = append(tl.Overlaps, r.span(a.client, b.client, b.grant, to, "excused"))
 				row.Excused++
 				if row.Why == nil {
 					row.Why = map[string]int{}
@@ -1047,6 +1105,7 @@ func (r *faultsRun) check(end time.Time) {
 				continue
 			}
 			row.Overlaps++
+			tl.Overlaps = append(tl.Overlaps, r.span(a.client, b.client, b.grant, to, "overlap"))
 			d := a.end.Sub(b.grant)
 			if b.end.Before(a.end) {
 				d = b.end.Sub(b.grant)
@@ -1193,97 +1252,146 @@ var faultsNotes = []string{
 		"end as seen here (the earlier of its validity deadline and the next grant to another client); negative: before it.",
 	"recovery: from the last fault's end to the next grant (first) and to every client's next grant (all). longest gap: the " +
 		"longest time without a grant. hung: acquisitions that returned over 1s past their ctx's deadline.",
-	"Not yet: the HTML report's timeline (a lane per client, fault windows shaded, overlaps in red), server restarts, and " +
-		"redlock pauses of a minority or a majority.",
+	"Not yet: server restarts, and redlock pauses of a minority or a majority.",
 }
 
-// WriteFaults writes the report in format: FormatText or FormatJSON.
+// WriteFaults writes the report in format: FormatText, FormatMarkdown,
+// FormatJSON or FormatHTML.
 func WriteFaults(w io.Writer, format string, rep *FaultsReport) error {
 	switch format {
 	case FormatText:
 		return WriteFaultsText(w, rep)
+	case FormatMarkdown:
+		return writeFaultsMarkdown(w, rep)
 	case FormatJSON:
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
+	case FormatHTML:
+		return WriteFaultsHTML(w, rep)
 	}
-	return fmt.Errorf("bench faults: no %s report (want text or JSON)", format)
+	return fmt.Errorf("bench faults: no %s report (want text, markdown, JSON or HTML)", format)
+}
+
+// faultsBlock is one backend's part of the report.
+type faultsBlock struct {
+	Backend string
+	Head    string     // the backend's URL, TTL and the faults that ran
+	Rows    [][]string // the table, its header first
+	About   []string   // each library's configuration, and the overlaps excused
+	Errors  []string
+	Runs    []FaultsRow // the rows that ran, for their timelines
+}
+
+// title is the report's first lines.
+func (rep *FaultsReport) title() string {
+	mode := ""
+	if rep.Sanity {
+		mode = " SANITY MODE: the clients' locks do not exclude each other, overlaps must show;"
+	}
+	return fmt.Sprintf("dlock bench faults:%s %d clients per library, each through its own proxies, loop acquire → write →\n"+
+		"hold %v (%.0f%% of holds 1.5×TTL) → write → release on one name for %v under a nemesis, seed %d",
+		mode, rep.Clients, rep.Hold, 100*rep.Long, rep.Duration, rep.Seed)
+}
+
+// blocks is the report per backend, in the order they ran.
+func (rep *FaultsReport) blocks() []faultsBlock {
+	var out []faultsBlock
+	for _, row := range rep.Rows {
+		i := slices.IndexFunc(out, func(b faultsBlock) bool { return b.Backend == row.Backend })
+		if i < 0 {
+			out = append(out, faultsBlock{Backend: row.Backend, Rows: [][]string{{"library", "grants", "faults", "overlaps",
+				"fenced refused", "out of order", "losses rep/unrep", "unrep. for", "report p50/p99", "recovery first/all",
+				"longest gap", "hung"}}})
+			i = len(out) - 1
+		}
+		b := &out[i]
+		if b.Head == "" && row.FaultsRan != "" {
+			b.Head = fmt.Sprintf("%s  %s  TTL %v\nfaults: %s", row.Backend, row.URL, row.TTL, row.FaultsRan)
+		}
+		lib := row.Library
+		if row.Version != "" {
+			lib += " " + row.Version
+		}
+		overlaps := fmt.Sprint(row.Overlaps)
+		if row.Excused > 0 {
+			overlaps += fmt.Sprintf(" (+%d excused)", row.Excused)
+		}
+		report := "-"
+		if row.LossReportN > 0 {
+			report = signedDuration(row.LossReportP50) + "/" + signedDuration(row.LossReportP99)
+		}
+		if row.FaultsRan != "" {
+			b.Rows = append(b.Rows, []string{lib, fmt.Sprint(row.Grants), row.faultsShort(), overlaps, row.refusedText(),
+				fmt.Sprint(row.OutOfOrder), fmt.Sprintf("%d/%d", row.LossesReported, row.LossesUnreported),
+				optDuration(row.UnreportedFor), report, optDuration(row.Recovery) + "/" + optDuration(row.RecoveryAll),
+				FormatDuration(row.LongestGap), fmt.Sprint(row.Hung)})
+			b.About = append(b.About, fmt.Sprintf("%s: %s", row.Library, row.About))
+			for _, why := range slices.Sorted(maps.Keys(row.Why)) {
+				b.About = append(b.About, fmt.Sprintf("%s: %d overlaps excused: %s", row.Library, row.Why[why], why))
+			}
+			b.Runs = append(b.Runs, row)
+		}
+		for _, e := range row.Errors {
+			b.Errors = append(b.Errors, fmt.Sprintf("ERROR %s %s: %s", row.Backend, row.Library, e))
+		}
+	}
+	for i := range out {
+		if out[i].Head == "" {
+			out[i].Head = out[i].Backend
+		}
+	}
+	return out
 }
 
 // WriteFaultsText writes a table per backend, a row per library, then each
 // library's configuration and the notes.
 func WriteFaultsText(w io.Writer, rep *FaultsReport) error {
 	ew := &errWriter{w: w}
-	mode := ""
-	if rep.Sanity {
-		mode = " SANITY MODE: the clients' locks do not exclude each other, overlaps must show;"
-	}
-	fmt.Fprintf(ew, "dlock bench faults:%s %d clients per library, each through its own proxies, loop acquire → write →\n"+
-		"hold %v (%.0f%% of holds 1.5×TTL) → write → release on one name for %v under a nemesis, seed %d\n\n",
-		mode, rep.Clients, rep.Hold, 100*rep.Long, rep.Duration, rep.Seed)
-	var backends []string
-	for _, row := range rep.Rows {
-		if !slices.Contains(backends, row.Backend) {
-			backends = append(backends, row.Backend)
-		}
-	}
-	for _, b := range backends {
-		rows := [][]string{{"library", "grants", "faults", "overlaps", "fenced refused", "out of order",
-			"losses rep/unrep", "unrep. for", "report p50/p99", "recovery first/all", "longest gap", "hung"}}
-		var about, errs []string
-		head := ""
-		for _, row := range rep.Rows {
-			if row.Backend != b {
-				continue
-			}
-			if head == "" && row.FaultsRan != "" {
-				head = fmt.Sprintf("%s  %s  TTL %v\nfaults: %s", b, row.URL, row.TTL, row.FaultsRan)
-			}
-			lib := row.Library
-			if row.Version != "" {
-				lib += " " + row.Version
-			}
-			overlaps := fmt.Sprint(row.Overlaps)
-			if row.Excused > 0 {
-				overlaps += fmt.Sprintf(" (+%d excused)", row.Excused)
-			}
-			report := "-"
-			if row.LossReportN > 0 {
-				report = signedDuration(row.LossReportP50) + "/" + signedDuration(row.LossReportP99)
-			}
-			if row.FaultsRan != "" {
-				rows = append(rows, []string{lib, fmt.Sprint(row.Grants), row.faultsShort(), overlaps, row.refusedText(),
-					fmt.Sprint(row.OutOfOrder), fmt.Sprintf("%d/%d", row.LossesReported, row.LossesUnreported),
-					optDuration(row.UnreportedFor), report, optDuration(row.Recovery) + "/" + optDuration(row.RecoveryAll),
-					FormatDuration(row.LongestGap), fmt.Sprint(row.Hung)})
-				about = append(about, fmt.Sprintf("  %s: %s", row.Library, row.About))
-				for why, n := range row.Why {
-					about = append(about, fmt.Sprintf("  %s: %d overlaps excused: %s", row.Library, n, why))
-				}
-			}
-			for _, e := range row.Errors {
-				errs = append(errs, fmt.Sprintf("ERROR %s %s: %s", b, row.Library, e))
-			}
-		}
-		if head == "" {
-			head = b
-		}
-		fmt.Fprintln(ew, head)
-		if len(rows) > 1 {
-			if err := writeAligned(ew, rows); err != nil {
+	fmt.Fprintf(ew, "%s\n\n", rep.title())
+	for _, b := range rep.blocks() {
+		fmt.Fprintln(ew, b.Head)
+		if len(b.Rows) > 1 {
+			if err := writeAligned(ew, b.Rows); err != nil {
 				return err
 			}
 		}
-		for _, a := range about {
-			fmt.Fprintln(ew, a)
+		for _, a := range b.About {
+			fmt.Fprintln(ew, "  "+a)
 		}
-		for _, e := range errs {
+		for _, e := range b.Errors {
 			fmt.Fprintln(ew, e)
 		}
 		fmt.Fprintln(ew)
 	}
 	for _, n := range rep.Notes {
 		fmt.Fprintln(ew, n)
+	}
+	return ew.err
+}
+
+// writeFaultsMarkdown writes the same as WriteFaultsText as a Markdown
+// section.
+func writeFaultsMarkdown(w io.Writer, rep *FaultsReport) error {
+	ew := &errWriter{w: w}
+	fmt.Fprintf(ew, "## dlock bench faults\n\n%s\n\n", strings.ReplaceAll(rep.title(), "\n", " "))
+	for _, b := range rep.blocks() {
+		head, faults, _ := strings.Cut(b.Head, "\n")
+		fmt.Fprintf(ew, "### %s\n\n%s\n\n", head, faults)
+		if len(b.Rows) > 1 {
+			writeMarkdownTable(ew, b.Rows)
+			fmt.Fprintln(ew)
+		}
+		for _, a := range b.About {
+			fmt.Fprintf(ew, "- %s\n", a)
+		}
+		for _, e := range b.Errors {
+			fmt.Fprintf(ew, "- **%s**\n", e)
+		}
+		fmt.Fprintln(ew)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(ew, "%s\n\n", n)
 	}
 	return ew.err
 }

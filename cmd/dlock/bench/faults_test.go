@@ -91,8 +91,20 @@ func TestFaultsCheck(t *testing.T) {
 		LossReportN: 1, LossReportP50: 10 * time.Millisecond, LossReportP99: 10 * time.Millisecond,
 		Recovery: 100 * time.Millisecond, RecoveryAll: 150 * time.Millisecond, LongestGap: 290 * time.Millisecond,
 	}
+	tl := row.Timeline
+	row.Timeline = nil
 	if !reflect.DeepEqual(*row, want) {
 		t.Errorf("got  %+v\nwant %+v", *row, want)
+	}
+	// The timeline: each interval as held, the fault, the overlap.
+	wantTL := &FaultsTimeline{Phase: tl.Phase, End: 500,
+		Held: []TimelineSpan{{0, 0, 10, 100, "release"}, {1, 0, 60, 80, "release"}, {1, 0, 110, 150, "loss"},
+			{0, 0, 400, 410, "release"}, {1, 0, 450, 460, "release"}},
+		Faults:   []TimelineSpan{{0, 0, 200, 300, FaultBlackhole}},
+		Overlaps: []TimelineSpan{{0, 1, 60, 80, "overlap"}},
+	}
+	if !reflect.DeepEqual(tl, wantTL) {
+		t.Errorf("timeline\ngot  %+v\nwant %+v", tl, wantTL)
 	}
 
 	// The same overlap on a ConnectionBound dlock row, the holder's path
