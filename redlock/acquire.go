@@ -484,6 +484,7 @@ func (a *acquisition) decide(ctx context.Context) (*dlockdriver.Grant, error) {
 			dlock.ErrGrantExpired, a.keys[0], elapsed.Round(time.Microsecond), a.req.TTL, drift)
 	}
 	a.won = true
+	a.h.fence = a.fence
 	a.d.hold(a.req.Token, a.h)
 	return &dlockdriver.Grant{
 		Handle: a.h,
@@ -697,6 +698,7 @@ func (d *driver) handedGrant(ctx context.Context, req dlockdriver.Request, rw *r
 			return fail(err)
 		}
 	}
+	h.fence = fence
 	rw.mu.Lock()
 	rw.granted, rw.lease = true, h
 	rw.mu.Unlock()

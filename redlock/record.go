@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,12 +17,15 @@ import (
 // Records (dlockdriver.Recorder, for dlock.Once; default layout only): on
 // every node, the record of the lock P{N} is the string P{N}:record, set
 // with PX to the retention by record.lua only where the node's P{N} holds
-// the writer's token. A record counts as written once a majority wrote it,
-// and a lease that a majority no longer holds gets ErrNotHeld, its writes
-// on a minority taken back (compare and delete). Recorded asks every node:
-// a record on any node counts, its absence once a majority says so; any two
-// majorities share a node, so a record written by a majority is seen by
-// whoever holds the lock later — unless nodes restart without persistence,
+// the writer's token, prefixed with the writer's fencing token ("7 done
+// …"). A record counts as written once a majority wrote it, and a lease
+// that a majority no longer holds gets ErrNotHeld, its writes on a minority
+// taken back (compare and delete). Recorded waits for a majority of nodes
+// and returns, of the records they have, the one of the highest fencing
+// token: any two majorities share a node, so the record written last by a
+// majority is seen by whoever holds the lock later, even where the nodes
+// beyond that majority still have an older one (their writes were still on
+// the way when Record returned) — unless nodes restart without persistence,
 // the hazard that Redlock's locks have too. A writer that dies between a
 // minority's writes and taking them back leaves a record that counts,
 // though its lease was lost: the one gap where Redlock's records are not
@@ -48,6 +52,7 @@ func (d *driver) Record(ctx context.Context, h dlockdriver.Handle, value string,
 	lock := rh.keys[0]
 	keys := []string{lock, recordKey(lock)}
 	n, q := len(d.nodes), d.quorum
+	value = strconv.FormatUint(rh.fence, 10) + " " + value
 	results := fanout(d, ctx, rh.timeout(), func(ctx context.Context, _ int, nd *node) (bool, error) {
 		r, err := recordScript.Run(ctx, nd.c, keys, rh.token, value, millis(ttl)).Int64()
 		return r == 1, err
@@ -101,7 +106,8 @@ func (d *driver) unrecord(ctx context.Context, rh *handle, key, value string, wr
 	}
 }
 
-// Recorded reads name's record on every node.
+// Recorded reads name's record on every node: once a majority answered,
+// the record of the highest fencing token among theirs, or none.
 func (d *driver) Recorded(ctx context.Context, name string) (string, bool, error) {
 	key := recordKey(d.keys(name)[0])
 	n, q := len(d.nodes), d.quorum
@@ -121,8 +127,13 @@ func (d *driver) Recorded(ctx context.Context, name string) (string, bool, error
 		}
 		return read{v, true}, nil
 	})
-	var absent int
-	var errs []error
+	var (
+		answered int
+		best     string
+		bestF    uint64
+		found    bool
+		errs     []error
+	)
 	for range n {
 		var r nodeResult[read]
 		select {
@@ -130,19 +141,40 @@ func (d *driver) Recorded(ctx context.Context, name string) (string, bool, error
 		case <-ctx.Done():
 			return "", false, fmt.Errorf("redlock: reading %q: %w", key, ctx.Err())
 		}
-		switch {
-		case r.err != nil:
+		if r.err != nil {
 			errs = append(errs, r.err)
-		case r.v.ok:
-			return r.v.v, true, nil
-		default:
-			absent++
+			continue
 		}
-		if absent >= q {
-			// A record written by a majority is on one of these nodes.
-			return "", false, nil
+		answered++
+		if r.v.ok {
+			f, v := splitRecord(r.v.v)
+			if !found || f > bestF {
+				best, bestF, found = v, f, true
+			}
+		}
+		if answered >= q {
+			// The record written last by a majority is among these.
+			return best, found, nil
 		}
 	}
+	if found {
+		return best, true, nil // a record counts wherever it is
+	}
 	return "", false, fmt.Errorf("%w: reading %q: %d of %d nodes answered, none has it: %w",
-		ErrNoQuorum, key, absent, n, errors.Join(errs...))
+		ErrNoQuorum, key, answered, n, errors.Join(errs...))
+}
+
+// splitRecord splits a stored record into its writer's fencing token and
+// its value; a record without the token (written before records carried
+// one) counts as token 0.
+func splitRecord(stored string) (uint64, string) {
+	f, v, ok := strings.Cut(stored, " ")
+	if !ok {
+		return 0, stored
+	}
+	n, err := strconv.ParseUint(f, 10, 64)
+	if err != nil {
+		return 0, stored
+	}
+	return n, v
 }

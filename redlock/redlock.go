@@ -538,6 +538,7 @@ type handle struct {
 	keys     []string
 	token    string
 	lease    string          // the Request.Token it was granted for (token, unless handed to a wait)
+	fence    uint64          // the grant's fencing token: orders the records of its leases (record.go)
 	acquired []chan struct{} // closed when the node's part of the acquisition is over
 
 	mu       sync.Mutex
