@@ -47,8 +47,9 @@ backend, and per client library (dlock, then the peers of dlock bench
 its own in-process fault proxy, loop on one name: acquire → a write to a
 fenced store and to an unfenced log → hold → a write → release, for
 -duration, while a nemesis seeded by -seed black-holes, resets and slows
-random clients' proxies and, on servers started here, pauses a server
-(redlock: one node at a time). Then each client takes the lock once more.
+random clients' proxies and, on servers started here, pauses and
+restarts servers (redlock: one node, a minority or a majority at once).
+Then each client takes the lock once more.
 
 Per backend and library one row: grants, faults by kind, overlaps (two
 clients that believed they held the lock at one instant, on this process's

@@ -16,11 +16,14 @@ type faultsRow struct {
 	Grants           int
 	Overlaps         int
 	Fenced           bool
-	FencedRefused    int   `json:"fenced_refused"`
-	OutOfOrder       int   `json:"unfenced_out_of_order"`
-	LossesUnreported int   `json:"losses_unreported"`
-	Recovery         int64 `json:"recovery_ns"`
-	RecoveryAll      int64 `json:"recovery_all_ns"`
+	FencedRefused    int            `json:"fenced_refused"`
+	OutOfOrder       int            `json:"unfenced_out_of_order"`
+	LossesUnreported int            `json:"losses_unreported"`
+	LossesReported   int            `json:"losses_reported"`
+	Excused          int            `json:"overlaps_excused"`
+	Why              map[string]int `json:"excused_by"`
+	Recovery         int64          `json:"recovery_ns"`
+	RecoveryAll      int64          `json:"recovery_all_ns"`
 	Hung             int
 	Errors           []string
 }
@@ -126,4 +129,34 @@ func TestBenchFaultsRedis(t *testing.T) {
 	case !strings.Contains(d.FaultsRan, "no server pause"):
 		t.Errorf("faults ran: %q, want it to say the server was not paused", d.FaultsRan)
 	}
+}
+
+// dlock bench faults on a Redis server it starts itself: the server faults
+// run too (seed 3's schedule pauses the server, then restarts it), the
+// table counts both, dlock's row shows no overlap but those the restart
+// excuses (Redis keeps no lock across one), and every client is granted
+// after the last heal.
+func TestBenchFaultsServerRestart(t *testing.T) {
+	code, out, errOut := runCmd(t, "bench", "faults", "-backends", "redis", "-peers=false",
+		"-duration", "4s", "-ttl", "500ms", "-clients", "3", "-seed", "3", "-json", "-q")
+	if code != 0 {
+		t.Fatalf("status %d; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	_, rows := faultsJSON(t, out)
+	if len(rows) != 1 || rows[0].Library != "dlock" || len(rows[0].Errors) > 0 {
+		t.Fatalf("rows %+v: want dlock's alone, with no harness error", rows)
+	}
+	d := rows[0]
+	switch {
+	case d.Faults["pause"] == 0, d.Faults["restart"] == 0:
+		t.Errorf("faults %v: want a pause and a restart", d.Faults)
+	case !strings.Contains(d.FaultsRan, "pause and restart of the server"):
+		t.Errorf("faults ran: %q, want it to say the server was paused and restarted", d.FaultsRan)
+	case d.Overlaps != 0:
+		t.Errorf("dlock row %+v: want no overlap but those a restart excuses", d)
+	case d.Recovery < 0, d.RecoveryAll < 0:
+		t.Errorf("dlock row %+v: want every client granted after the last heal", d)
+	}
+	t.Logf("faults %v, grants %d, overlaps excused %d %v, fenced refused %d, losses %d/%d",
+		d.Faults, d.Grants, d.Excused, d.Why, d.FencedRefused, d.LossesReported, d.LossesUnreported)
 }

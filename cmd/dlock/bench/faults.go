@@ -23,7 +23,8 @@ import (
 // traffic crosses its own faultnet proxy, loop acquire → a write to a fenced
 // store and to an unfenced log → hold → a second write → release, on one
 // name, while a seeded nemesis breaks the clients' proxies (black holes,
-// resets, latency) and, on servers started here, pauses a server. Every
+// resets, latency) and, on servers started here, pauses and restarts
+// servers (redlock: one node, a minority or a majority at once). Every
 // believed-held interval is recorded on this process's monotonic clock, and
 // the checks run over them: overlaps, writes refused or taken out of order,
 // losses reported and not, recovery after the last heal, the longest time
@@ -35,10 +36,14 @@ const (
 	FaultReset     = "reset"
 	FaultLatency   = "latency"
 	FaultPause     = "pause"
+	FaultRestart   = "restart" // kill, then start again, as a crash would
 )
 
 // FaultKinds lists the kinds in the order the report shows them.
-var FaultKinds = []string{FaultBlackhole, FaultReset, FaultLatency, FaultPause}
+var FaultKinds = []string{FaultBlackhole, FaultReset, FaultLatency, FaultPause, FaultRestart}
+
+// faultLetter is each kind's letter in the table's faults column.
+var faultLetter = map[string]string{FaultBlackhole: "b", FaultReset: "r", FaultLatency: "l", FaultPause: "p", FaultRestart: "R"}
 
 // Defaults of FaultsConfig.
 const (
@@ -101,11 +106,13 @@ func (c FaultsConfig) withDefaults() FaultsConfig {
 	return c
 }
 
-// Pauser is a server the bench may pause (docker pause) and resume:
-// *dlocktest.Server for the servers it started.
-type Pauser interface {
+// ServerControl is a server the bench may pause (docker pause), resume and
+// restart (kill, then start again): *dlocktest.Server for the servers it
+// started.
+type ServerControl interface {
 	Pause(ctx context.Context) error
 	Unpause(ctx context.Context) error
+	Restart(ctx context.Context) error
 	String() string
 }
 
@@ -119,9 +126,10 @@ type FaultsTarget struct {
 	// Via returns the URL by which client reaches the servers at addrs
 	// (its proxies, in the order of Addrs).
 	Via func(client int, addrs []string) string
-	// Servers, when the bench started them, may be paused (a redlock
-	// nemesis pauses one node at a time). Nil: no server faults.
-	Servers []Pauser
+	// Servers, when the bench started them, may be paused and restarted
+	// (redlock: one node, a minority or a majority at once). Nil: no
+	// server faults.
+	Servers []ServerControl
 	// Peers returns the peers on the backend at a URL that Via made; nil
 	// when the backend has none or -peers is off.
 	Peers func(raw string) ([]Peer, error)
@@ -228,6 +236,7 @@ type TimelineSpan struct {
 	From   float64 `json:"from_ms"`
 	To     float64 `json:"to_ms"`
 	Kind   string  `json:"kind"`
+	Note   string  `json:"note,omitempty"` // a server fault's servers
 }
 
 // FaultsReport is a faults run.
@@ -510,8 +519,8 @@ func (g *peerFaultsGrant) release(ctx context.Context) (bool, error) {
 // faultStep is one fault of the schedule.
 type faultStep struct {
 	At      time.Duration // from the run's start
-	Client  int           // -1: a server
-	Node    int           // the server paused
+	Client  int           // -1: servers
+	Nodes   []int         // the servers paused or restarted
 	Kind    string
 	For     time.Duration // the window; 0 for a reset
 	Latency time.Duration
@@ -528,8 +537,10 @@ func between(rng *rand.Rand, lo, hi time.Duration) time.Duration {
 // faultSchedule is the nemesis's schedule for the paths of clients and for
 // pausable servers over d: per path, a fault every TTL/4–2×TTL (a black
 // hole of TTL/4–3×TTL, a reset, or TTL/50–TTL/3 of latency for TTL/2–3×TTL);
-// per run, a server pause of TTL/4–3×TTL every TTL–4×TTL. Every window ends
-// by d. The same seed gives the same schedule.
+// per run, a server fault every TTL–4×TTL: a pause of TTL/4–3×TTL (7 in
+// 10) or a restart, of one server, or with several servers (redlock) of one
+// (half the time), a minority or a majority. Every window ends by d. The
+// same seed gives the same schedule.
 func faultSchedule(seed uint64, clients, servers int, d, ttl time.Duration) [][]faultStep {
 	out := make([][]faultStep, clients+1) // the last: the servers
 	for i := range clients {
@@ -552,7 +563,21 @@ func faultSchedule(seed uint64, clients, servers int, d, ttl time.Duration) [][]
 	if servers > 0 {
 		rng := rand.New(rand.NewPCG(seed, 1000))
 		for t := between(rng, ttl, 4*ttl); t < d && len(out[clients]) < maxFaultSteps; t += between(rng, ttl, 4*ttl) {
-			s := faultStep{At: t, Client: -1, Node: rng.IntN(servers), Kind: FaultPause, For: min(between(rng, ttl/4, 3*ttl), d-t)}
+			s := faultStep{At: t, Client: -1, Kind: FaultPause, For: min(between(rng, ttl/4, 3*ttl), d-t)}
+			if rng.IntN(10) >= 7 {
+				s.Kind, s.For = FaultRestart, 0
+			}
+			n := 1
+			if servers > 1 {
+				switch rng.IntN(4) {
+				case 2:
+					n = max((servers-1)/2, 1) // a minority
+				case 3:
+					n = servers/2 + 1 // a majority
+				}
+			}
+			s.Nodes = rng.Perm(servers)[:n]
+			slices.Sort(s.Nodes)
 			out[clients] = append(out[clients], s)
 			t += s.For
 		}
@@ -579,9 +604,10 @@ type faultsLease struct {
 
 // faultWindow is a fault as it ran.
 type faultWindow struct {
-	client   int // -1: a server
+	client   int // -1: servers
 	kind     string
 	from, to time.Time
+	note     string // the servers hit
 }
 
 // faultsRun is one library's run on one backend.
@@ -629,11 +655,11 @@ func faultsOnce(ctx context.Context, cfg FaultsConfig, t FaultsTarget, lib fault
 	}
 	switch {
 	case len(t.Servers) > 1:
-		ran = append(ran, "pause of one server at a time")
+		ran = append(ran, "pause and restart of one server, a minority or a majority")
 	case len(t.Servers) == 1:
-		ran = append(ran, "pause of the server")
+		ran = append(ran, "pause and restart of the server")
 	case len(t.Addrs) > 0:
-		ran = append(ran, "no server pause (a server not started here)")
+		ran = append(ran, "no server pause or restart (a server not started here)")
 	}
 	row.FaultsRan = strings.Join(ran, "; ")
 
@@ -790,10 +816,15 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 func (r *faultsRun) count(kind string, client int, from, to time.Time) {
+	r.countNote(kind, client, from, to, "")
+}
+
+// countNote is count, with what the fault hit (the servers).
+func (r *faultsRun) countNote(kind string, client int, from, to time.Time, note string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.row.Faults[kind]++
-	r.windows = append(r.windows, faultWindow{client: client, kind: kind, from: from, to: to})
+	r.windows = append(r.windows, faultWindow{client: client, kind: kind, from: from, to: to, note: note})
 }
 
 // pathNemesis runs client i's schedule on its proxies and leaves them
@@ -830,36 +861,85 @@ func (r *faultsRun) pathNemesis(ctx context.Context, i int, ps []*faultnet.Proxy
 	}
 }
 
-// serverNemesis pauses servers by the schedule and leaves them running. A
-// pause or resume that fails ends the server faults, reported as the
-// harness's error.
-func (r *faultsRun) serverNemesis(ctx context.Context, srvs []Pauser, steps []faultStep) {
+// serverNemesis pauses and restarts servers by the schedule and leaves
+// them running. A pause, resume or restart that fails (a restart is tried
+// twice) ends the server faults, reported as the harness's error.
+func (r *faultsRun) serverNemesis(ctx context.Context, srvs []ServerControl, steps []faultStep) {
 	for _, s := range steps {
 		if !sleepCtx(ctx, time.Until(r.epoch.Add(s.At))) {
 			return
 		}
-		srv := srvs[s.Node]
-		pctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		err := srv.Pause(pctx)
-		cancel()
-		if err != nil {
-			r.harnessError(fmt.Sprintf("pausing %s: %v (no more server faults)", srv, err))
-			uctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			_ = srv.Unpause(uctx) // it may have been paused all the same
-			cancel()
+		group := make([]ServerControl, len(s.Nodes))
+		for i, n := range s.Nodes {
+			group[i] = srvs[n]
+		}
+		what := serversText(s.Nodes, len(srvs))
+		from := time.Now()
+		if s.Kind == FaultRestart {
+			err := onEach(group, func(srv ServerControl, c context.Context) error {
+				if err := srv.Restart(c); err != nil {
+					// Once more: on a loaded machine a restarted container
+					// has been seen not to answer within a minute, and to
+					// come up when started again.
+					return srv.Restart(c)
+				}
+				return nil
+			})
+			r.countNote(FaultRestart, -1, from, time.Now(), what)
+			if err != nil {
+				r.harnessError(fmt.Sprintf("restarting %s: %v (no more server faults)", what, err))
+				return
+			}
+			continue
+		}
+		if err := onEach(group, ServerControl.Pause); err != nil {
+			r.harnessError(fmt.Sprintf("pausing %s: %v (no more server faults)", what, err))
+			_ = onEach(group, ServerControl.Unpause) // some may have been paused all the same
 			return
 		}
-		from := time.Now()
+		from = time.Now()
 		sleepCtx(ctx, s.For)
-		uctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		err = srv.Unpause(uctx)
-		cancel()
-		r.count(FaultPause, -1, from, time.Now())
+		err := onEach(group, ServerControl.Unpause)
+		r.countNote(FaultPause, -1, from, time.Now(), what)
 		if err != nil {
-			r.harnessError(fmt.Sprintf("resuming %s: %v (it may still be paused)", srv, err))
+			r.harnessError(fmt.Sprintf("resuming %s: %v (it may still be paused)", what, err))
 			return
 		}
 	}
+}
+
+// onEach runs do on every server at once, each bounded by two minutes.
+func onEach(srvs []ServerControl, do func(ServerControl, context.Context) error) error {
+	errs := make([]error, len(srvs))
+	var wg sync.WaitGroup
+	for i, srv := range srvs {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := do(srv, ctx); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", srv, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// serversText names the servers of a fault: "the server", or the nodes and
+// whether they are a minority or a majority of n.
+func serversText(nodes []int, n int) string {
+	if n == 1 {
+		return "the server"
+	}
+	ids := make([]string, len(nodes))
+	for i, x := range nodes {
+		ids[i] = fmt.Sprint(x)
+	}
+	share := "a minority"
+	if 2*len(nodes) > n {
+		share = "a majority"
+	}
+	return fmt.Sprintf("node %s of %d (%s)", strings.Join(ids, ","), n, share)
 }
 
 func (r *faultsRun) harnessError(msg string) {
@@ -1023,12 +1103,24 @@ func faultsErrorClass(err error) string {
 }
 
 // excused says which documented hazard of the backend allows a's
-// believed interval to overlap b's grant, or "": with ConnectionBound, a
+// believed interval to overlap b's grant, or "": a server restart while a
+// held the lock and before b was granted, on a backend that does not
+// declare SurvivesRestart (or is ConnectionBound); with ConnectionBound, a
 // reset of a's path (or a heal, which resets the connections that lost
-// bytes) while a held the lock and before b was granted. Only dlock rows
-// declare hazards.
+// bytes) in that time. Only dlock rows declare hazards.
 func (r *faultsRun) excused(a, b *faultsLease) string {
-	if !r.lib.dlock || !r.caps.ConnectionBound {
+	if !r.lib.dlock {
+		return ""
+	}
+	if !r.caps.SurvivesRestart || r.caps.ConnectionBound {
+		for _, w := range r.windows {
+			// A restart that began while a held the lock, before b's grant.
+			if w.kind == FaultRestart && w.from.After(a.call) && w.from.Before(a.end) && w.from.Before(b.grant) {
+				return "restart of a backend that does not keep locks across one (SurvivesRestart not declared)"
+			}
+		}
+	}
+	if !r.caps.ConnectionBound {
 		return ""
 	}
 	for _, w := range r.windows {
@@ -1079,7 +1171,9 @@ func (r *faultsRun) check(end time.Time) {
 		tl.Held = append(tl.Held, r.span(l.client, 0, l.grant, earlier(l.end, end), l.ended))
 	}
 	for _, w := range r.windows {
-		tl.Faults = append(tl.Faults, r.span(w.client, 0, w.from, w.to, w.kind))
+		sp := r.span(w.client, 0, w.from, w.to, w.kind)
+		sp.Note = w.note
+		tl.Faults = append(tl.Faults, sp)
 	}
 
 	// Overlaps: each lease against the earlier ones whose belief still runs
@@ -1252,7 +1346,8 @@ var faultsNotes = []string{
 		"end as seen here (the earlier of its validity deadline and the next grant to another client); negative: before it.",
 	"recovery: from the last fault's end to the next grant (first) and to every client's next grant (all). longest gap: the " +
 		"longest time without a grant. hung: acquisitions that returned over 1s past their ctx's deadline.",
-	"Not yet: server restarts, and redlock pauses of a minority or a majority.",
+	"faults: b black hole, r connection reset, l added latency (on a client's proxies), p server pause, R server restart " +
+		"(kill, then start again; redlock: one node, a minority or a majority at once).",
 }
 
 // WriteFaults writes the report in format: FormatText, FormatMarkdown,
@@ -1401,7 +1496,7 @@ func (row FaultsRow) faultsShort() string {
 	var parts []string
 	for _, k := range FaultKinds {
 		if n := row.Faults[k]; n > 0 {
-			parts = append(parts, fmt.Sprintf("%c%d", k[0], n))
+			parts = append(parts, fmt.Sprintf("%s%d", faultLetter[k], n))
 		}
 	}
 	if len(parts) == 0 {

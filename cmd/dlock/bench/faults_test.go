@@ -28,7 +28,7 @@ func TestFaultScheduleSeeded(t *testing.T) {
 	if len(a) != 5 {
 		t.Fatalf("%d lists, want 4 paths and the servers", len(a))
 	}
-	kinds := map[string]int{}
+	kinds, groups := map[string]int{}, map[int]int{}
 	for i, steps := range a {
 		if len(steps) == 0 {
 			t.Errorf("list %d: no fault in %v", i, d)
@@ -41,9 +41,12 @@ func TestFaultScheduleSeeded(t *testing.T) {
 				t.Errorf("list %d: %+v starts before the previous fault ended (%v)", i, s, prevEnd)
 			case s.At+s.For > d:
 				t.Errorf("list %d: %+v ends after the fault phase (%v)", i, s, d)
-			case i == 4 && (s.Kind != FaultPause || s.Node < 0 || s.Node >= 5):
-				t.Errorf("servers: %+v, want a pause of node 0-4", s)
-			case i < 4 && (s.Kind == FaultPause || s.Client != i):
+			case i == 4 && (s.Kind != FaultPause && s.Kind != FaultRestart || len(s.Nodes) == 0 || len(s.Nodes) > 3 ||
+				s.Nodes[0] < 0 || s.Nodes[len(s.Nodes)-1] >= 5 || !slices.IsSorted(s.Nodes) || len(slices.Compact(slices.Clone(s.Nodes))) != len(s.Nodes)):
+				t.Errorf("servers: %+v, want a pause or restart of 1-3 distinct nodes of 0-4", s)
+			case i == 4:
+				groups[len(s.Nodes)]++
+			case i < 4 && (s.Kind == FaultPause || s.Kind == FaultRestart || s.Client != i):
 				t.Errorf("path %d: %+v", i, s)
 			case s.Kind == FaultLatency && (s.Latency <= 0 || s.For <= 0):
 				t.Errorf("path %d: %+v, want a latency for a window", i, s)
@@ -55,6 +58,10 @@ func TestFaultScheduleSeeded(t *testing.T) {
 		if kinds[k] == 0 {
 			t.Errorf("no %s in %v", k, kinds)
 		}
+	}
+	// Of five redlock nodes: one, a minority (2) and a majority (3).
+	if groups[1] == 0 || groups[2] == 0 || groups[3] == 0 {
+		t.Errorf("server faults by nodes hit: %v, want 1, 2 and 3", groups)
 	}
 	if s := faultSchedule(42, 2, 0, d, ttl); len(s[2]) != 0 {
 		t.Errorf("no server to pause, yet %v", s[2])
@@ -98,10 +105,10 @@ func TestFaultsCheck(t *testing.T) {
 	}
 	// The timeline: each interval as held, the fault, the overlap.
 	wantTL := &FaultsTimeline{Phase: tl.Phase, End: 500,
-		Held: []TimelineSpan{{0, 0, 10, 100, "release"}, {1, 0, 60, 80, "release"}, {1, 0, 110, 150, "loss"},
-			{0, 0, 400, 410, "release"}, {1, 0, 450, 460, "release"}},
-		Faults:   []TimelineSpan{{0, 0, 200, 300, FaultBlackhole}},
-		Overlaps: []TimelineSpan{{0, 1, 60, 80, "overlap"}},
+		Held: []TimelineSpan{{Client: 0, From: 10, To: 100, Kind: "release"}, {Client: 1, From: 60, To: 80, Kind: "release"}, {Client: 1, From: 110, To: 150, Kind: "loss"},
+			{Client: 0, From: 400, To: 410, Kind: "release"}, {Client: 1, From: 450, To: 460, Kind: "release"}},
+		Faults:   []TimelineSpan{{Client: 0, From: 200, To: 300, Kind: FaultBlackhole}},
+		Overlaps: []TimelineSpan{{Client: 0, Other: 1, From: 60, To: 80, Kind: "overlap"}},
 	}
 	if !reflect.DeepEqual(tl, wantTL) {
 		t.Errorf("timeline\ngot  %+v\nwant %+v", tl, wantTL)

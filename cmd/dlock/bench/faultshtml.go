@@ -103,7 +103,7 @@ func layout(row FaultsRow) *tlView {
 	for _, f := range tl.Faults {
 		title := fmt.Sprintf("%s %s–%s", f.Kind, sec(f.From), sec(f.To))
 		if f.Client < 0 {
-			add("fault-server", f.From, f.To, tlTop, bottom-tlTop, "server "+title)
+			add("fault-server fault-"+f.Kind, f.From, f.To, tlTop, bottom-tlTop, fmt.Sprintf("%s of %s %s–%s", f.Kind, f.Note, sec(f.From), sec(f.To)))
 			continue
 		}
 		if f.Client >= row.Clients {
