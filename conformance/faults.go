@@ -292,10 +292,11 @@ func testDeadlineAtGrant(s *suite) {
 	// took is the median of an uncontended TryAcquire under a ctx with a
 	// deadline.
 	var samples []time.Duration
+	warm := s.name()
 	for range 9 {
 		ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
 		start := time.Now()
-		ls, err := a.TryAcquire(ctx, s.name(), nil)
+		ls, err := a.TryAcquire(ctx, warm, nil)
 		took := time.Since(start)
 		cancel()
 		if err != nil {
@@ -313,14 +314,18 @@ func testDeadlineAtGrant(s *suite) {
 	// grant. (An attempt after a cut one may take longer than took: the
 	// driver may have had to discard its connection.)
 	d := took
+	// A name is used again after a grant released it; an attempt cut short
+	// may leave a lock until its TTL, so the next one takes a new name.
+	name := s.name()
 	for i := range rounds {
 		ctx, cancel := context.WithTimeout(s.ctx, d)
-		ls, err := a.TryAcquire(ctx, s.name(), nil)
+		ls, err := a.TryAcquire(ctx, name, nil)
 		cancel()
 		if err != nil {
 			if !errors.Is(err, dlock.ErrNotAcquired) {
 				s.t.Fatalf("TryAcquire cut short at %v: got %v, want ErrNotAcquired", d, err)
 			}
+			name = s.name()
 			d = min(d*5/4, max(50*took, 200*time.Millisecond))
 			continue
 		}
