@@ -374,15 +374,22 @@ func TestListenerDropsWaitersKey(t *testing.T) {
 		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
 		  AND classid = ((hashtextextended('%[1]s', 5) >> 32) & 4294967295)::oid
 		  AND objid = (hashtextextended('%[1]s', 5) & 4294967295)::oid`, table)
+	// The listener once registered: the key held shared by a session that
+	// is idle, its registration (the key, then a barrier that waits for
+	// changes in flight) over. Busy run 28 took the key alone for it; the
+	// ClaimWait, cancelled while the barrier still waited, then rightly
+	// closed the half-registered connection.
+	registered := held + ` AND mode = 'ShareLock'
+		  AND pid IN (SELECT pid FROM pg_stat_activity WHERE state = 'idle')`
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		_, err := q.ClaimWait(wctx, 1, time.Minute)
 		done <- err
 	}()
-	awaitRow(t, watch, "the listener holding the waiters key", held)
+	awaitRow(t, watch, "the listener holding the waiters key", registered)
 	var pid int32
-	if err := watch.QueryRow(ctx, strings.Replace(held, "count(*)", "pid", 1)).Scan(&pid); err != nil {
+	if err := watch.QueryRow(ctx, strings.Replace(registered, "count(*)", "pid", 1)).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
 	cancel()
