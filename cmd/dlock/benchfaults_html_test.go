@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
-	"image/png"
 	"os"
 	"path/filepath"
-	"regexp"
 	"testing"
 
 	"github.com/dlock/dlock/dlocktest"
@@ -57,22 +54,8 @@ func TestBenchFaultsHTMLInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := regexp.MustCompile(`(?i)(src|href)=["']?(https?:)?//`).Find(html); m != nil {
-		t.Errorf("the page loads %q from the network", m)
-	}
-	i := bytes.LastIndex(html, []byte("</body>"))
-	if i < 0 {
-		t.Fatal("the page has no </body>")
-	}
-	probed := filepath.Join(t.TempDir(), "probed.html")
-	if err := os.WriteFile(probed, append(append(append([]byte{}, html[:i]...), timelineProbeJS...), html[i:]...), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dom := string(headless(t, browser, probed, "--dump-dom"))
-	m := regexp.MustCompile(`(?s)<script type="application/json" id="dlock-probe">(.*?)</script>`).FindStringSubmatch(dom)
-	if m == nil {
-		t.Fatal("the probe wrote nothing: the page did not load")
-	}
+	offline(t, html)
+	out, _ = probed(t, browser, html, timelineProbeJS)
 	var p struct {
 		Viewport    float64 `json:"viewport"`
 		ScrollWidth float64 `json:"scrollWidth"`
@@ -87,11 +70,11 @@ func TestBenchFaultsHTMLInChromium(t *testing.T) {
 			Room  float64 `json:"room"`
 		} `json:"tables"`
 	}
-	if err := json.Unmarshal([]byte(m[1]), &p); err != nil {
-		t.Fatalf("probe: %v in %s", err, m[1])
+	if err := json.Unmarshal([]byte(out), &p); err != nil {
+		t.Fatalf("probe: %v in %s", err, out)
 	}
 	if len(p.Timelines) != 1 {
-		t.Fatalf("%d timelines drawn, want 1 (dlock's row): %s", len(p.Timelines), m[1])
+		t.Fatalf("%d timelines drawn, want 1 (dlock's row): %s", len(p.Timelines), out)
 	}
 	tl := p.Timelines[0]
 	switch mk := tl.Marks; {
@@ -113,30 +96,7 @@ func TestBenchFaultsHTMLInChromium(t *testing.T) {
 		}
 	}
 
-	shot := filepath.Join(t.TempDir(), "shot.png")
-	headless(t, browser, page, "--screenshot="+shot, "--hide-scrollbars")
-	if dir := os.Getenv("DLOCK_SCREENSHOT_DIR"); dir != "" {
-		b, _ := os.ReadFile(shot)
-		_ = os.WriteFile(filepath.Join(dir, "faults.png"), b, 0o644)
-		_ = os.WriteFile(filepath.Join(dir, "faults.html"), html, 0o644)
-	}
-	f, err := os.Open(shot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	colours := map[[3]uint32]int{}
-	b := img.Bounds()
-	for y := b.Min.Y; y < b.Max.Y; y++ {
-		for x := b.Min.X; x < b.Max.X; x++ {
-			r, g, bl, _ := img.At(x, y).RGBA()
-			colours[[3]uint32{r >> 8, g >> 8, bl >> 8}]++
-		}
-	}
+	colours, _, _ := screenshot(t, browser, page, "faults", 1)
 	// The overlaps' red (#d62728) and the held intervals' blue (#1f6fb4).
 	if colours[[3]uint32{0xd6, 0x27, 0x28}] < 20 || colours[[3]uint32{0x1f, 0x6f, 0xb4}] < 20 {
 		t.Errorf("the screenshot lacks the overlaps' red or the held intervals' blue (%d red, %d blue px)",

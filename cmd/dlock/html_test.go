@@ -233,29 +233,79 @@ func checkRendered(p probe) []string {
 	return bad
 }
 
-// renderProbe opens a copy of page with probeJS added and returns what it
-// reports, and the DOM.
-func renderProbe(t *testing.T, browser string, html []byte) (probe, string) {
+// probed opens a copy of page with the probe script js added after its
+// own scripts, and returns the JSON the probe wrote into the DOM (in a
+// script element of id dlock-probe), and the DOM.
+func probed(t *testing.T, browser string, html []byte, js string) (string, string) {
 	t.Helper()
 	i := bytes.LastIndex(html, []byte("</body>"))
 	if i < 0 {
 		t.Fatal("the page has no </body>")
 	}
-	probed := filepath.Join(t.TempDir(), "probed.html")
-	withProbe := append(append(append([]byte{}, html[:i]...), probeJS...), html[i:]...)
-	if err := os.WriteFile(probed, withProbe, 0o644); err != nil {
+	page := filepath.Join(t.TempDir(), "probed.html")
+	withProbe := append(append(append([]byte{}, html[:i]...), js...), html[i:]...)
+	if err := os.WriteFile(page, withProbe, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	dom := string(headless(t, browser, probed, "--dump-dom"))
+	dom := string(headless(t, browser, page, "--dump-dom"))
 	m := regexp.MustCompile(`(?s)<script type="application/json" id="dlock-probe">(.*?)</script>`).FindStringSubmatch(dom)
 	if m == nil {
-		t.Fatalf("the probe wrote nothing: the page did not load, or has no Chart.js")
+		t.Fatalf("the probe wrote nothing: the page did not load, or lacks what the probe reads")
 	}
+	return m[1], dom
+}
+
+// renderProbe opens a copy of page with probeJS added and returns what it
+// reports, and the DOM.
+func renderProbe(t *testing.T, browser string, html []byte) (probe, string) {
+	t.Helper()
+	out, dom := probed(t, browser, html, probeJS)
 	var p probe
-	if err := json.Unmarshal([]byte(m[1]), &p); err != nil {
-		t.Fatalf("probe: %v in %s", err, m[1])
+	if err := json.Unmarshal([]byte(out), &p); err != nil {
+		t.Fatalf("probe: %v in %s", err, out)
 	}
 	return p, dom
+}
+
+// offline fails the test if the page loads anything from the network.
+func offline(t *testing.T, html []byte) {
+	t.Helper()
+	if m := regexp.MustCompile(`(?i)(src|href)=["']?(https?:)?//`).Find(html); m != nil {
+		t.Errorf("the page loads %q from the network", m)
+	}
+}
+
+// screenshot takes page's screenshot in a 1280 px window (kept, with the
+// page, as name.png and name.html in DLOCK_SCREENSHOT_DIR when set) and
+// counts its pixels by colour, every step-th in each direction.
+func screenshot(t *testing.T, browser, page, name string, step int) (colours map[[3]uint32]int, width, height int) {
+	t.Helper()
+	shot := filepath.Join(t.TempDir(), "shot.png")
+	headless(t, browser, page, "--screenshot="+shot, "--hide-scrollbars")
+	if dir := os.Getenv("DLOCK_SCREENSHOT_DIR"); dir != "" {
+		b, _ := os.ReadFile(shot)
+		_ = os.WriteFile(filepath.Join(dir, name+".png"), b, 0o644)
+		html, _ := os.ReadFile(page)
+		_ = os.WriteFile(filepath.Join(dir, name+".html"), html, 0o644)
+	}
+	f, err := os.Open(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	colours = map[[3]uint32]int{}
+	b := img.Bounds()
+	for y := b.Min.Y; y < b.Max.Y; y += step {
+		for x := b.Min.X; x < b.Max.X; x += step {
+			r, g, bl, _ := img.At(x, y).RGBA()
+			colours[[3]uint32{r >> 8, g >> 8, bl >> 8}]++
+		}
+	}
+	return colours, b.Dx(), b.Dy()
 }
 
 // `dlock bench -html` on memory and a real Redis writes one self-contained
@@ -277,9 +327,7 @@ func TestBenchHTMLInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := regexp.MustCompile(`(?i)(src|href)=["']?(https?:)?//`).Find(html); m != nil {
-		t.Errorf("the page loads %q from the network", m)
-	}
+	offline(t, html)
 	t.Logf("page: %d bytes", len(html))
 
 	p, dom := renderProbe(t, browser, html)
@@ -302,35 +350,12 @@ func TestBenchHTMLInChromium(t *testing.T) {
 		}
 	}
 
-	shot := filepath.Join(t.TempDir(), "shot.png")
-	headless(t, browser, page, "--screenshot="+shot, "--hide-scrollbars")
-	if dir := os.Getenv("DLOCK_SCREENSHOT_DIR"); dir != "" {
-		b, _ := os.ReadFile(shot)
-		_ = os.WriteFile(filepath.Join(dir, "report.png"), b, 0o644)
-		_ = os.WriteFile(filepath.Join(dir, "report.html"), html, 0o644)
-	}
-	f, err := os.Open(shot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	colours := map[[3]uint32]int{}
-	b := img.Bounds()
-	for y := b.Min.Y; y < b.Max.Y; y += 2 {
-		for x := b.Min.X; x < b.Max.X; x += 2 {
-			r, g, bl, _ := img.At(x, y).RGBA()
-			colours[[3]uint32{r >> 8, g >> 8, bl >> 8}]++
-		}
-	}
+	colours, w, h := screenshot(t, browser, page, "report", 2)
 	// The bars' dlock blue (#3182bd) and the first series' line (#1f77b4).
 	if colours[[3]uint32{0x31, 0x82, 0xbd}] < 50 || colours[[3]uint32{0x1f, 0x77, 0xb4}] < 20 {
 		t.Errorf("the screenshot lacks the charts' colours (%d distinct colours)", len(colours))
 	}
-	t.Logf("screenshot %dx%d, %d distinct colours", b.Dx(), b.Dy(), len(colours))
+	t.Logf("screenshot %dx%d, %d distinct colours", w, h, len(colours))
 }
 
 // The checks of checkRendered themselves, on made-up geometry: each one
