@@ -59,7 +59,11 @@ func TestFaultScheduleSeeded(t *testing.T) {
 			t.Errorf("no %s in %v", k, kinds)
 		}
 	}
-	// Of five redlock nodes: one, a minority (2) and a majority (3).
+	// Of five redlock nodes: one, a minority (2) and a majority (3), over
+	// two minutes.
+	for _, s := range faultSchedule(42, 1, 5, 2*time.Minute, ttl)[1] {
+		groups[len(s.Nodes)]++
+	}
 	if groups[1] == 0 || groups[2] == 0 || groups[3] == 0 {
 		t.Errorf("server faults by nodes hit: %v, want 1, 2 and 3", groups)
 	}
