@@ -46,19 +46,23 @@ func restartSetup(t *testing.T, c *cluster, ttl time.Duration) (a, b *dlock.Lock
 func TestRestartWithoutPersistence(t *testing.T) {
 	ctx := testutil.Ctx(t)
 	c := newCluster(t, 5, nil)
-	_, b, pa, la := restartSetup(t, c, 10*time.Second)
+	// 30s: a restart at load ~8 took most of a 10s TTL (busy run 30),
+	// and the hazard needs the holder's lease still valid after it.
+	_, b, pa, la := restartSetup(t, c, 30*time.Second)
 	if err := c.srvs[2].Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// The contender needs all three of nodes 2, 3 and 4: an attempt that
 	// found one slower than the 200ms node timeout on a loaded machine
-	// (busy run 14) proves nothing either way, so it tries again while
-	// the holder's 10s lease is young.
+	// (busy run 14), or its connection to the restarted node still broken
+	// (busy run 30: refused as held, nodes 0 and 1 being the holder's),
+	// proves nothing either way, so it tries again while the holder's
+	// lease is young. A node 2 that kept the lock refuses every try.
 	var lb *dlock.Lease
 	var err error
 	for try := 0; ; try++ {
 		lb, err = b.TryAcquire(ctx, la.Name(), nil)
-		if err == nil || !errors.Is(err, redlock.ErrNoQuorum) || try == 10 {
+		if err == nil || !errors.Is(err, redlock.ErrNoQuorum) && !errors.Is(err, dlock.ErrNotAcquired) || try == 20 {
 			break
 		}
 		// A backoff, as Acquire's: the failed attempt's locks on the
