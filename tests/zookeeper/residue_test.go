@@ -16,10 +16,35 @@ import (
 // connection.
 type reconnecting struct{ ownServer }
 
+// ownWait bounds a Residue on the harness's own connection before one on a
+// fresh connection is tried.
+const ownWait = 2 * time.Second
+
 func (h reconnecting) Residue(ctx context.Context, name string) ([]string, error) {
-	left, err := h.ownServer.Residue(ctx, name)
-	if err == nil || errors.Is(err, zk.ErrNoNode) {
-		return left, err
+	// The harness's connection, given ownWait: go-zookeeper's calls take
+	// no ctx, and one on a connection still reconnecting may wait past
+	// the caller's whole ctx (busy run 30: the Chaos section's residue
+	// check, its fresh connection left no time).
+	type result struct {
+		left []string
+		err  error
+	}
+	own := make(chan result, 1)
+	go func() {
+		left, err := h.ownServer.Residue(ctx, name)
+		own <- result{left, err}
+	}()
+	var err error
+	select {
+	case r := <-own:
+		if r.err == nil || errors.Is(r.err, zk.ErrNoNode) {
+			return r.left, r.err
+		}
+		err = r.err
+	case <-time.After(ownWait):
+		err = fmt.Errorf("the harness's connection did not answer within %v", ownWait)
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 	c, _, cerr := zk.Connect([]string{h.addr}, 10*time.Second, zk.WithLogger(quiet))
 	if cerr != nil {
