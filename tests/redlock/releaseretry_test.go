@@ -120,7 +120,15 @@ func testReleaseRetriesNodes(t *testing.T, c *cluster, cut []int) {
 	if took := time.Since(start); took > ttl/2 {
 		t.Fatalf("the lock was left for %v, half the TTL", took)
 	}
+	// Nothing in the way: the contender is not refused as held. An
+	// attempt whose nodes answer past the node timeout on a loaded machine
+	// (busy run 31: 2 of 3 at load ~12) tells nothing either way, and is
+	// tried again.
 	other, err := contender.TryAcquire(ctx, name, nil)
+	for try := 0; errors.Is(err, redlock.ErrNoQuorum) && try < 10; try++ {
+		time.Sleep(100 * time.Millisecond)
+		other, err = contender.TryAcquire(ctx, name, nil)
+	}
 	if err != nil {
 		t.Fatalf("TryAcquire after the release, %v before the TTL ran out: %v", ttl-time.Since(start), err)
 	}
