@@ -1338,7 +1338,7 @@ var faultsNotes = []string{
 		"(dlock's Lease.Done, an etcd session's Done) and its validity deadline (dlock's ValidUntil; for peers without a refresh " +
 		"loop, the TTL from the Lock call), all on this process's monotonic clock.",
 	"overlaps: two clients' intervals overlapping in time; dlock rows excuse those a documented hazard of the backend allows " +
-		"(ConnectionBound: the holder's connection reset) and list them. fenced refused: writes the fenced store (fence.Memory) " +
+		"(ConnectionBound: the holder's connection reset; a server restart, where the backend does not declare SurvivesRestart) and list them. fenced refused: writes the fenced store (fence.Memory) " +
 		"refused, '-' without fencing tokens. out of order: writes the unfenced log took from a holder granted before one that had written.",
 	"losses reported: leases whose loss the library signalled while held; not reported: leases shown gone while believed held " +
 		"(overlapped by another client's grant, or a write refused) with no signal, and the longest " +
