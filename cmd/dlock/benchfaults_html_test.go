@@ -23,16 +23,7 @@ window.addEventListener("load", function () {
     });
     out.timelines.push({label: svg.getAttribute("aria-label"), width: box.width, height: box.height, marks: marks});
   });
-  document.querySelectorAll("table").forEach(function (t) {
-    var box = t.parentElement.getBoundingClientRect();
-    out.tables.push({width: t.scrollWidth, room: Math.min(box.width, window.innerWidth)});
-  });
-  var s = document.createElement("script");
-  s.type = "application/json"; s.id = "dlock-probe";
-  s.textContent = JSON.stringify(out).replace(/</g, "\\u003c");
-  document.body.appendChild(s);
-});
-</script>`
+` + probeEnd
 
 // `dlock bench faults -sanity -o page.html` on a real Redis writes one
 // self-contained page: headless Chromium lays out, without a script error

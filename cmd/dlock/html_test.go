@@ -96,7 +96,12 @@ window.addEventListener("load", function () {
     });
     out.charts.push(ch);
   });
-  document.querySelectorAll("table").forEach(function (t) {
+` + probeEnd
+
+// probeEnd ends a probe script whose load handler has filled out: it
+// measures the page's tables and writes out as JSON into the DOM, where
+// --dump-dom shows it.
+const probeEnd = `  document.querySelectorAll("table").forEach(function (t) {
     var box = t.parentElement.getBoundingClientRect();
     out.tables.push({width: t.scrollWidth, room: Math.min(box.width, window.innerWidth)});
   });
