@@ -198,8 +198,9 @@ func awaitRow(t *testing.T, c *pgx.Conn, what, query string, args ...any) {
 // Races between an Enqueue and a ClaimWait that starts at the same moment
 // on a new Client (whose listener registers during the race), many times
 // over, several at once: no ClaimWait sleeps past its task. The bound
-// (1s after the Enqueue returned) is far above the wake-up path (ms) and
-// far below queue's longest wait (5s), which is how long a ClaimWait that
+// (2s after the Enqueue returned) is far above the wake-up path (ms; a
+// wake-up came 1.3s late at load ~12 in busy run 32, when it was 1s) and
+// below queue's longest wait (5s), which is how long a ClaimWait that
 // missed its wake-up sleeps; the ClaimWait's ctx (4s) ends before that.
 // One task in three is delayed (3 to 15ms), so that the ClaimWait also
 // wakes on its timer to the due time (and its last sleep in the kernel,
@@ -263,7 +264,7 @@ func TestNoMissedWakeups(t *testing.T) {
 				for w := worst.Load(); int64(late) > w && !worst.CompareAndSwap(w, int64(late)); w = worst.Load() {
 				}
 				switch {
-				case errors.Is(r.err, context.DeadlineExceeded) || r.err == nil && late > time.Second:
+				case errors.Is(r.err, context.DeadlineExceeded) || r.err == nil && late > 2*time.Second:
 					missed.Add(1)
 				case r.err != nil:
 					t.Error(r.err)
