@@ -50,7 +50,7 @@ type Config struct {
 	TTL time.Duration
 	// Tolerance is the scheduling slack allowed on liveness assertions (a
 	// signal expected at time T may come up to Tolerance after it).
-	// Default DefaultTolerance (250ms). Like every liveness bound it is
+	// Default DefaultTolerance (400ms). Like every liveness bound it is
 	// multiplied by DLOCK_TOLERANCE_SCALE; safety bounds have no tolerance.
 	Tolerance time.Duration
 	// Chaos is how long the Chaos section injects faults. Default 20s; the
