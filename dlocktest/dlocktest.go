@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -25,7 +24,8 @@ const (
 	MariaDB   Kind = "mariadb"
 )
 
-// Kinds lists every kind, in a fixed order.
+// Kinds lists the kinds this package ships, in a fixed order. A
+// third-party driver adds its own with Register.
 var Kinds = []Kind{Redis, Etcd, ZooKeeper, Postgres, MariaDB}
 
 // Credentials of the PostgreSQL servers this package starts; an external one
@@ -81,8 +81,8 @@ var (
 	// about the backend or the driver under test.
 	ErrFault = errors.New("dlocktest: the harness could not inject the fault")
 
-	// ErrUnknownKind is returned by Start and BuildImages for a kind not in
-	// Kinds, before any call to Docker.
+	// ErrUnknownKind is returned by Start and BuildImages for a kind neither
+	// in Kinds nor registered (Register), before any call to Docker.
 	ErrUnknownKind = errors.New("dlocktest: unknown server kind")
 )
 
@@ -172,8 +172,8 @@ func (s *Server) String() string {
 // The caller owns the server and must Close it; CloseAll closes every server
 // this process started.
 func Start(ctx context.Context, kind Kind, opts *StartOptions) (*Server, error) {
-	if !slices.Contains(Kinds, kind) {
-		return nil, fmt.Errorf("%w %q (known: %v)", ErrUnknownKind, kind, Kinds)
+	if _, err := spec(kind); err != nil {
+		return nil, err
 	}
 	if opts == nil {
 		opts = &StartOptions{}
@@ -214,7 +214,9 @@ func Start(ctx context.Context, kind Kind, opts *StartOptions) (*Server, error) 
 }
 
 // envVar names the variable that points kind at an external server.
-func envVar(kind Kind) string { return "DLOCK_" + strings.ToUpper(string(kind)) + "_ADDR" }
+func envVar(kind Kind) string {
+	return "DLOCK_" + strings.ToUpper(strings.ReplaceAll(string(kind), "-", "_")) + "_ADDR"
+}
 
 // externalAddr reads DLOCK_<KIND>_ADDR. The value is not echoed in errors:
 // it might be a URL carrying a password.
@@ -348,8 +350,8 @@ func (s *Server) Close() error {
 // Ping runs the server's health check once: Redis PING, etcd GET /health,
 // ZooKeeper ruok and isro, PostgreSQL a startup message (no password is sent;
 // an authentication request means the server accepts connections), MariaDB
-// its greeting (read, never answered). ctx
-// bounds it; without a deadline a 2s one applies.
+// its greeting (read, never answered), a registered kind its Image.Ping.
+// ctx bounds it; without a deadline a 2s one applies.
 func (s *Server) Ping(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

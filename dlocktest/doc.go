@@ -33,6 +33,22 @@
 // [BuildImages] (or `go run github.com/dlock/dlock/dlocktest/cmd/buildimages`)
 // builds them side by side beforehand, as a CI job's first step.
 //
+// A third-party driver's backend is a kind of its own: [Register] an
+// [Image] (its Dockerfile, port and health check) from the driver's test
+// module, and Start, Require and the fault methods serve it like the
+// kinds in [Kinds]:
+//
+//	//go:embed image
+//	var image embed.FS
+//
+//	func TestMain(m *testing.M) {
+//		ctx, _ := fs.Sub(image, "image")
+//		if err := dlocktest.Register(dlocktest.Image{Kind: "mydb", Context: ctx, Port: 4000, Ping: pingMyDB}); err != nil {
+//			log.Fatal(err)
+//		}
+//		dlocktest.Main(m)
+//	}
+//
 // # Containers
 //
 // A container is named dlock-test-<kind>-<random>, labelled with [LabelKind]

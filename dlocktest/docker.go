@@ -14,8 +14,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,7 +82,11 @@ var images embed.FS
 // dlock-<kind>:<first 12 hex digits of the SHA-256 over the context's file
 // names and contents> (the context is normally just the Dockerfile).
 func imageContext(kind Kind) (fs.FS, string, error) {
-	sub, err := fs.Sub(images, path.Join("images", string(kind)))
+	sp, err := spec(kind)
+	if err != nil {
+		return nil, "", err
+	}
+	sub, err := sp.context()
 	if err != nil {
 		return nil, "", err
 	}
@@ -186,7 +188,11 @@ func (e *dockerEngine) build(ctx context.Context, ctxFS fs.FS, tag string, label
 // Pool.RunWithOptions, which would publish every port on all interfaces,
 // attach networks without aliases and pull a missing image.
 func (e *dockerEngine) run(ctx context.Context, kind Kind, tag string, opts *StartOptions, ready time.Duration) (*Server, error) {
-	port := dc.Port(containerPort(kind))
+	sp, err := spec(kind)
+	if err != nil {
+		return nil, err
+	}
+	port := dc.Port(sp.port)
 	var lastErr error
 	for range 3 { // another process may take the port we picked before Docker binds it
 		hostPort, err := freePort()
@@ -248,23 +254,6 @@ func (e *dockerEngine) run(ctx context.Context, kind Kind, tag string, opts *Sta
 		}
 	}
 	return nil, lastErr
-}
-
-// containerPort is the server's port inside its container, as Docker names
-// it.
-func containerPort(kind Kind) string {
-	switch kind {
-	case Etcd:
-		return "2379/tcp"
-	case ZooKeeper:
-		return "2181/tcp"
-	case Postgres:
-		return "5432/tcp"
-	case MariaDB:
-		return "3306/tcp"
-	default:
-		return "6379/tcp"
-	}
 }
 
 func isPortConflict(err error) bool {
@@ -505,7 +494,7 @@ func lastLines(s string, n int) string {
 }
 
 // BuildImages builds, all at once, the images of the given kinds (every kind
-// when none is given) that are not built yet. Start builds a missing image
+// of Kinds when none is given; registered kinds only when named) that are not built yet. Start builds a missing image
 // itself, one at a time; a test run calls BuildImages first so that the
 // builds, which install each server from Debian's mirror (a minute or more
 // each on a fresh machine), overlap one another and whatever else it does
@@ -515,8 +504,8 @@ func BuildImages(ctx context.Context, kinds ...Kind) error {
 		kinds = Kinds
 	}
 	for _, kind := range kinds {
-		if !slices.Contains(Kinds, kind) {
-			return fmt.Errorf("%w %q (known: %v)", ErrUnknownKind, kind, Kinds)
+		if _, err := spec(kind); err != nil {
+			return err
 		}
 	}
 	e, err := engine(ctx)

@@ -17,21 +17,20 @@ import (
 
 // ping runs kind's health check against addr once, bounded by ctx.
 func ping(ctx context.Context, kind Kind, addr string) error {
-	switch kind {
-	case Etcd:
-		return pingEtcd(ctx, addr)
-	case ZooKeeper:
-		if err := pingZooKeeper(ctx, addr, "ruok", "imok"); err != nil {
-			return err
-		}
-		return pingZooKeeper(ctx, addr, "isro", "rw")
-	case Postgres:
-		return pingPostgres(ctx, addr)
-	case MariaDB:
-		return pingMariaDB(ctx, addr)
-	default:
-		return pingRedis(ctx, addr)
+	sp, err := spec(kind)
+	if err != nil {
+		return err
 	}
+	return sp.ping(ctx, addr)
+}
+
+// pingZooKeeperRW asks ruok, then isro: the server must serve, and not
+// read-only (a member that lost its quorum answers ruok alone).
+func pingZooKeeperRW(ctx context.Context, addr string) error {
+	if err := pingZooKeeper(ctx, addr, "ruok", "imok"); err != nil {
+		return err
+	}
+	return pingZooKeeper(ctx, addr, "isro", "rw")
 }
 
 // dial connects to addr with ctx's deadline applied to the connection.
