@@ -41,9 +41,10 @@ func benchPrimMain(ctx context.Context, args []string, stdout, stderr io.Writer)
 Measures semaphores, read/write locks and leader election on each backend
 that offers them: a permit's acquire+release p50/p99, permits/s with
 -workers workers sharing a semaphore of -limit, a read lock's
-acquire+release, and leader failover time (from a leader that stops
+acquire+release, leader failover time (from a leader that stops
 refreshing to the next candidate's Elect returning) against the leaders'
-TTL, and AcquireAll of 2, 5 and 20 names against as many single
+TTL, the handover time of a leader that resigns (from its Release to the
+waiting candidate's Elect returning), and AcquireAll of 2, 5 and 20 names against as many single
 acquisitions. Servers are started in Docker on 127.0.0.1 unless -url names one.
 
 Flags:

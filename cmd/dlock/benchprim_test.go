@@ -39,7 +39,7 @@ func TestBenchPrimitivesRedlock(t *testing.T) {
 			break
 		}
 	}
-	if len(row) != 9 || strings.Join(row[1:], " ") != "- - - - - - - -" {
+	if len(row) != 11 || strings.Join(row[1:], " ") != "- - - - - - - - - -" {
 		t.Errorf("redlock row %q, want '-' in every column, in:\n%s", row, out)
 	}
 	// AcquireAll needs nothing of the driver: a row per size, each with a

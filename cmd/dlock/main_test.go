@@ -242,7 +242,7 @@ func TestBenchPrimitivesMemory(t *testing.T) {
 			break // the first table's; the AcquireAll table follows
 		}
 	}
-	if len(row) != 9 || slices.Contains(row, "-") || row[3] == "0" || row[8] != "50ms" {
+	if len(row) != 11 || slices.Contains(row, "-") || row[3] == "0" || row[8] != "50ms" {
 		t.Fatalf("memory row %q in:\n%s", row, out)
 	}
 	if code, _, _ := runCmd(t, "bench", "primitives", "-backends", "nosuch"); code != 2 {

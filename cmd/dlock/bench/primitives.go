@@ -69,6 +69,7 @@ type PrimResult struct {
 	SemaphoreOps float64       // acquire+release/s of Workers workers sharing the limit
 	Read         *Latency      // RLock+release, one worker
 	Failover     *Latency      // leader stops refreshing → the next candidate's Elect returns
+	Resign       *Latency      // leader resigns (Release returns) → the waiting candidate's Elect returns
 	FailoverTTL  time.Duration // the leaders' TTL as granted (etcd raises short ones)
 	All          []AllFigure   // AcquireAll against as many single acquisitions
 	Errors       []string
@@ -153,6 +154,12 @@ func RunPrimitives(ctx context.Context, cfg PrimConfig, targets []PrimTarget) []
 			} else {
 				res.Failover = &lat
 				say("%-9s leader failover p50 %s p99 %s (TTL %v)", t.Backend, FormatDuration(lat.P50), FormatDuration(lat.P99), res.FailoverTTL)
+			}
+			if lat, err := resign(ctx, cfg, t, name+":resign", res.FailoverTTL); err != nil {
+				fail("resign", err)
+			} else {
+				res.Resign = &lat
+				say("%-9s leader resign handover p50 %s p99 %s", t.Backend, FormatDuration(lat.P50), FormatDuration(lat.P99))
 			}
 		} else {
 			res.Unsupported = append(res.Unsupported, "election")
@@ -314,6 +321,69 @@ func failover(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, tt
 	return Summarize(samples, time.Since(start)), nil
 }
 
+// resignSettle is how long the candidate is given to queue behind the
+// leader before the leader resigns.
+const resignSettle = 100 * time.Millisecond
+
+// resign times cfg.Failover clean handovers: a leader resigns (its
+// Release, as a process does on shutdown) while a candidate waits in
+// Elect; each sample runs from the Release's return to the candidate's
+// Elect returning: what a notified wait costs, not a TTL.
+func resign(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, ttl time.Duration) (Latency, error) {
+	a, err := t.Open(ctx)
+	if err != nil {
+		return Latency{}, err
+	}
+	defer closeLocker(a)
+	b, err := t.Open(ctx)
+	if err != nil {
+		return Latency{}, err
+	}
+	defer closeLocker(b)
+	var samples []time.Duration
+	start := time.Now()
+	for i := range cfg.Failover {
+		n := fmt.Sprintf("%s:%d", name, i)
+		lead, err := a.Elect(ctx, n, "a", &dlock.Options{TTL: ttl})
+		if err != nil {
+			return Latency{}, err
+		}
+		type elected struct {
+			ls  *dlock.Lease
+			at  time.Time
+			err error
+		}
+		c := make(chan elected, 1)
+		go func() {
+			ls, err := b.Elect(ctx, n, "b", &dlock.Options{TTL: ttl})
+			c <- elected{ls, time.Now(), err}
+		}()
+		select {
+		case e := <-c:
+			_ = lead.Release(ctx)
+			if e.ls != nil {
+				_ = e.ls.Release(ctx)
+			}
+			return Latency{}, fmt.Errorf("the candidate was elected while the leader led: %v", e.err)
+		case <-time.After(resignSettle):
+		}
+		if err := lead.Release(ctx); err != nil {
+			<-c
+			return Latency{}, err
+		}
+		resigned := time.Now()
+		e := <-c
+		if e.err != nil {
+			return Latency{}, e.err
+		}
+		samples = append(samples, max(e.at.Sub(resigned), 0))
+		if err := e.ls.Release(ctx); err != nil {
+			return Latency{}, err
+		}
+	}
+	return Summarize(samples, time.Since(start)), nil
+}
+
 func closeLocker(l *dlock.Locker) {
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
@@ -326,7 +396,7 @@ func WritePrimitivesText(w io.Writer, cfg PrimConfig, results []PrimResult) erro
 	fmt.Fprintf(w, "dlock bench primitives: %d samples each; semaphore limit %d, %d workers for %v; %d failovers\n\n",
 		cfg.N, cfg.Limit, cfg.Workers, cfg.Duration, cfg.Failover)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "backend\tpermit p50\tp99\tpermits/s\tread p50\tp99\tfailover p50\tp99\tleader TTL")
+	fmt.Fprintln(tw, "backend\tpermit p50\tp99\tpermits/s\tread p50\tp99\tfailover p50\tp99\tleader TTL\tresign p50\tp99")
 	dash := func(l *Latency, p99 bool) string {
 		switch {
 		case l == nil:
@@ -344,10 +414,11 @@ func WritePrimitivesText(w io.Writer, cfg PrimConfig, results []PrimResult) erro
 		if r.Failover != nil {
 			ttl = r.FailoverTTL.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Backend,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Backend,
 			dash(r.Semaphore, false), dash(r.Semaphore, true), ops,
 			dash(r.Read, false), dash(r.Read, true),
-			dash(r.Failover, false), dash(r.Failover, true), ttl)
+			dash(r.Failover, false), dash(r.Failover, true), ttl,
+			dash(r.Resign, false), dash(r.Resign, true))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -355,7 +426,8 @@ func WritePrimitivesText(w io.Writer, cfg PrimConfig, results []PrimResult) erro
 	fmt.Fprintln(w, "\npermit: Semaphore.Acquire + Release, nobody else waiting; permits/s: that with the workers\n"+
 		"(each its own Locker) sharing one semaphore. read: RWLock.RLock + Release. failover: from a leader's\n"+
 		"grant (it never refreshes: its process stopped) to the waiting candidate's Elect returning; compare with\n"+
-		"the leader's TTL. '-': not measured: the backend does not offer the primitive (\"no ...\" below) or\n"+
+		"the leader's TTL. resign: from a leader's Release (a clean shutdown) to the waiting candidate's Elect\n"+
+		"returning. '-': not measured: the backend does not offer the primitive (\"no ...\" below) or\n"+
 		"the measurement failed (ERROR below).")
 	fmt.Fprintln(w, "\nAcquireAll of k names + Release, against k single Acquire calls one after another + k Releases\n"+
 		"(one Locker, nobody else on the names):")
