@@ -114,6 +114,12 @@ func (ls *Lease) start(sent time.Time) {
 func (ls *Lease) watchLoss() {
 	if ls.notifier != nil {
 		ls.notifier.OnLost(func() {
+			if c, ok := ls.notifier.(driver.LossCauser); ok {
+				if cause := c.LossCause(); cause != nil {
+					ls.end(fmt.Errorf("%w: %w", ErrLost, cause))
+					return
+				}
+			}
 			ls.end(fmt.Errorf("%w: the backend reports %q gone", ErrLost, ls.name))
 		})
 	}

@@ -175,6 +175,15 @@ type LossNotifier interface {
 	OnLost(f func())
 }
 
+// LossCauser is implemented by LossNotifier handles that can say why their
+// lock is gone: when OnLost's f is called, the Locker asks LossCause, and
+// the lease's Err wraps ErrLost and the error returned (one wrapping
+// ErrTakenOver for a lock stolen, say). nil: the backend reported it gone,
+// without a reason.
+type LossCauser interface {
+	LossCause() error
+}
+
 // BatchRefresher is implemented by drivers that can refresh many leases in
 // one request (one script over many keys, one statement over many rows).
 // The Locker then gathers its leases' watchdog refreshes that fall due

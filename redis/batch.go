@@ -53,8 +53,10 @@ func (d *driver) RefreshBatch(ctx context.Context, hs []dlockdriver.Handle, ttls
 		case err != nil:
 			errs[i] = fmt.Errorf("redis: refreshing %q with %d others: %w", h.keys[0], len(locks)-1, err)
 		case results[j] == 0:
+			h.stopListening()
 			errs[i] = fmt.Errorf("%w: redis: %q does not hold this lease's token", dlock.ErrNotHeld, h.keys[0])
 		case results[j] < 0:
+			h.stopListening()
 			errs[i] = fmt.Errorf("%w: redis: %q holds another lease's token", dlock.ErrTakenOver, h.keys[0])
 		default:
 			granted[i] = time.Duration(millis(ttls[i])) * time.Millisecond

@@ -21,8 +21,14 @@ func TestParseGrant(t *testing.T) {
 		if token != tc.token || fence != tc.fence || ok != tc.ok {
 			t.Errorf("parseGrant(%q) = %q, %d, %v; want %q, %d, %v", tc.in, token, fence, ok, tc.token, tc.fence, tc.ok)
 		}
-		if key, ok := routeGrant(tc.in); key != tc.token || ok != tc.ok {
-			t.Errorf("routeGrant(%q) = %q, %v", tc.in, key, ok)
+		if key, ok := routeMessage(tc.in); key != tc.token || ok != tc.ok {
+			t.Errorf("routeMessage(%q) = %q, %v", tc.in, key, ok)
+		}
+	}
+	// A steal message goes to the holder of its token.
+	for in, want := range map[string]string{"t:ab": "ab", "t:a:b:1": "a:b:1", "t:": ""} {
+		if key, ok := routeMessage(in); key != want || ok != (want != "") {
+			t.Errorf("routeMessage(%q) = %q, %v; want %q", in, key, ok, want)
 		}
 	}
 }

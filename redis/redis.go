@@ -131,8 +131,9 @@ func newDriver(client goredis.UniversalClient, opts *Options, ownsClient bool) *
 	if d.prefix == "" && !d.compat {
 		d.prefix = DefaultKeyPrefix
 	}
-	d.hub = redishub.New(client, "redis", routeGrant)
+	d.hub = redishub.New(client, "redis", routeMessage)
 	d.grants = d.prefix + "grants:" + newID()
+	d.taken = d.prefix + "taken"
 	if !d.compat {
 		// The grant channel is this Locker's alone: the hub's probe that
 		// its pub/sub connection is on the server the scripts run on (after
@@ -166,6 +167,7 @@ type driver struct {
 	compat     bool
 	ownsClient bool
 	hub        *redishub.Hub
+	taken      string         // default layout: the prefix's steal channel (steal.lua)
 	grants     string         // default layout: this Locker's grant channel
 	bg         sync.WaitGroup // leaves still running after their Acquire returned
 
@@ -192,6 +194,7 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		RWLock:        !d.compat,
 		Metadata:      !d.compat,
 		Steal:         true,
+		StealNotified: !d.compat, // steal.lua publishes, handle.OnLost listens
 		Records:       !d.compat, // record.go
 	}
 }
@@ -393,9 +396,14 @@ func (g *grantWatch) Stop() {
 	g.released.Stop()
 }
 
-// routeGrant gives a grant message, "g:<token>:<fence>" (a lock handed by
-// the queue scripts to the waiter of that token), to that waiter alone.
-func routeGrant(payload string) (string, bool) {
+// routeMessage gives a grant message, "g:<token>:<fence>" (a lock handed
+// by the queue scripts to the waiter of that token), to that waiter alone,
+// and a steal message, "t:<token>" (steal.lua), to the holder of that
+// token alone.
+func routeMessage(payload string) (string, bool) {
+	if token, ok := strings.CutPrefix(payload, "t:"); ok {
+		return token, token != ""
+	}
 	token, _, ok := parseGrant(payload)
 	return token, ok
 }
@@ -496,6 +504,54 @@ type handle struct {
 	keyArray [5]string
 	boxArray [5]any
 	grant    dlockdriver.Grant
+
+	// listening is the lease's listener on the steal channel (OnLost), nil
+	// in the compat layout; takenOver says that it heard the steal.
+	listening *redishub.Watcher
+	takenOver atomic.Bool
+}
+
+// OnLost implements dlockdriver.LossNotifier in the default layout: the
+// handle listens on the prefix's steal channel for its own token (one
+// subscription per Locker, shared by its leases, made in the background;
+// no round trip of the lease's), and a steal of its lock (steal.lua) calls
+// f. Nothing else is reported this way: a lock that expired or was deleted
+// is found by the next refresh, as before. The listener ends with Release,
+// a Refresh that finds the lock gone, the steal, or Close.
+func (h *handle) OnLost(f func()) {
+	if h.d.compat {
+		return
+	}
+	var x *redishub.Watcher
+	x, err := h.d.hub.Listen(h.d.taken, h.token.(string), func(_ string, message bool) {
+		// Called under the hub's lock: the rest runs outside it. A
+		// reconnection (message false) tells nothing about the lock.
+		if message && h.takenOver.CompareAndSwap(false, true) {
+			go func() {
+				x.Stop()
+				f()
+			}()
+		}
+	})
+	if err == nil {
+		h.listening = x
+	}
+}
+
+// LossCause implements dlockdriver.LossCauser: ErrTakenOver when the
+// handle heard its lock stolen.
+func (h *handle) LossCause() error {
+	if h.takenOver.Load() {
+		return fmt.Errorf("%w: redis: %q was taken over (Locker.Steal)", dlock.ErrTakenOver, h.keys[0])
+	}
+	return nil
+}
+
+// stopListening ends the handle's listener on the steal channel, if any.
+func (h *handle) stopListening() {
+	if h.listening != nil {
+		h.listening.Stop()
+	}
 }
 
 func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
@@ -505,9 +561,11 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 		return 0, fmt.Errorf("redis: refreshing %q: %w", h.keys[0], err)
 	}
 	if n == 0 {
+		h.stopListening()
 		return 0, fmt.Errorf("%w: redis: %q does not hold this lease's token", dlock.ErrNotHeld, h.keys[0])
 	}
 	if n < 0 {
+		h.stopListening()
 		return 0, fmt.Errorf("%w: redis: %q holds another lease's token", dlock.ErrTakenOver, h.keys[0])
 	}
 	if err := h.d.syncReplicas(ctx); err != nil {
@@ -517,6 +575,7 @@ func (h *handle) Refresh(ctx context.Context, ttl time.Duration) (time.Duration,
 }
 
 func (h *handle) Release(ctx context.Context) error {
+	h.stopListening()
 	n, err := h.d.release(ctx, h.keys, h.boxed, h.token, h.meta).Int64()
 	if err != nil {
 		return fmt.Errorf("redis: releasing %q: %w", h.keys[0], err)

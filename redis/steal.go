@@ -15,14 +15,20 @@ var stealScript = newScript(stealLua)
 
 // Steal makes req.Token the holder of req.Name at once, with the next
 // fencing token (dlockdriver.Stealer): one script, steal.lua. The queue of
-// waiters is left as it is. The previous holder finds out at its next
-// refresh, which answers ErrTakenOver.
+// waiters is left as it is. In the default layout the script publishes the
+// previous holder's token on the prefix's steal channel, where its Locker
+// listens while it holds leases (handle.OnLost): the loss is reported at
+// once, as ErrTakenOver. In the compat layout, and if that message is
+// missed, its next refresh finds it.
 func (d *driver) Steal(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	h := d.newHandle(req.Name, req.Token)
 	px := millis(req.TTL)
 	args := []any{h.token, px}
-	if req.Metadata != "" && !d.compat {
-		args = append(args, req.Metadata)
+	if !d.compat {
+		args = append(args, d.taken)
+		if req.Metadata != "" {
+			args = append(args, req.Metadata)
+		}
 	}
 	f, err := stealScript.run(ctx, d.c, h.boxed, args...).Int64()
 	if err != nil {

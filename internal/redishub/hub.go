@@ -145,8 +145,9 @@ type Watcher struct {
 	// a message published on the channel, with "" and false when the
 	// connection failed or was subscribed again (a release may have gone
 	// unheard). It is called with the hub's lock held and must not block.
-	notify func(payload string, message bool)
-	once   sync.Once
+	notify   func(payload string, message bool)
+	listener bool // made by Listen: not counted in Hub.waiters
+	once     sync.Once
 }
 
 // Stop ends the watch; it may be called more than once.
@@ -240,13 +241,7 @@ func (h *Hub) Watch(ctx context.Context, channel, key string, notify func(payloa
 		h.mu.Unlock()
 		return nil, fmt.Errorf("%s: pub/sub on a *redis.Ring is not supported", h.name)
 	}
-	if !h.started {
-		h.started = true
-		h.ps = h.client.Subscribe(h.ctx)
-		h.wg.Add(2)
-		go h.writeLoop()
-		go h.receiveLoop()
-	}
+	h.startLocked()
 	if h.probe != "" && h.waiters == 0 {
 		h.probeX = h.add(h.probe, "", func(string, bool) {})
 	}
@@ -268,6 +263,42 @@ func (h *Hub) Watch(ctx context.Context, channel, key string, notify func(payloa
 		x.Stop()
 		return nil, dlock.ErrClosed
 	}
+}
+
+// startLocked starts the hub's connection and loops on first use; h.mu
+// held.
+func (h *Hub) startLocked() {
+	if !h.started {
+		h.started = true
+		h.ps = h.client.Subscribe(h.ctx)
+		h.wg.Add(2)
+		go h.writeLoop()
+		go h.receiveLoop()
+	}
+}
+
+// Listen registers a listener on channel, told through notify like a
+// waiter (see Watcher), and returns at once: the subscription is made in
+// the background, and a message published before it is confirmed is not
+// heard. It is for what a caller learns sooner this way but would learn
+// anyway (a holder told of a steal, which its next refresh finds too), so
+// a listener does not start the probe (SetProbe) that waiters do. Messages
+// that Route gives key reach this listener only. Stop ends it. It returns
+// dlock.ErrClosed once the hub is closed, and an error for a
+// *redis.Ring.
+func (h *Hub) Listen(channel, key string, notify func(payload string, message bool)) (*Watcher, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, dlock.ErrClosed
+	}
+	if _, ok := h.client.(*goredis.Ring); ok {
+		return nil, fmt.Errorf("%s: pub/sub on a *redis.Ring is not supported", h.name)
+	}
+	h.startLocked()
+	x := h.add(channel, key, notify)
+	x.listener = true
+	return x, nil
 }
 
 // add registers a watch of channel; h.mu held.
@@ -293,6 +324,9 @@ func (h *Hub) unwatch(x *Watcher) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.remove(x)
+	if x.listener {
+		return
+	}
 	h.waiters--
 	if h.waiters == 0 && h.probeX != nil {
 		h.remove(h.probeX)
