@@ -33,7 +33,9 @@
 // token is checked by Ack, Extend and Nack in their WHERE clause, with its
 // deadline: a worker whose claim ran out and was taken by another changes
 // nothing. The table is created on first use (which needs the CREATE
-// privilege); an administrator may run tasks.sql instead.
+// privilege); an administrator may run tasks.sql instead. With binary
+// logging on, binlog_format must be ROW or MIXED (the servers' defaults):
+// READ COMMITTED writes are refused under STATEMENT.
 //
 // Waiting polls: MySQL has no notifications, so a Client whose ClaimWait or
 // PopWait waits asks the server, every PollInterval, for the next due time

@@ -201,15 +201,23 @@ func (d *taskDriver) Claim(ctx context.Context, qn string, n int, vis time.Durat
 
 // take runs a Claim or Pop (see the top of this file): take changes the
 // rows picked, in the transaction, before it commits. With maxAttempts
-// 0 (Pop) expired claims are never dead-lettered.
+// 0 (Pop) expired claims are never dead-lettered. Its statements run under
+// statementContext: one cut off by ctx costs its connection (the client
+// library closes it), and a transaction's rows stay locked until the
+// server sees the close.
 func (d *taskDriver) take(ctx context.Context, what, qn string, n, maxAttempts int,
 	take func(ctx context.Context, tx *sql.Tx, ids []any) error) ([]task, time.Duration, error) {
 	if err := d.ensure(ctx); err != nil {
 		return nil, 0, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, fmt.Errorf("mysql: %s on %q: %w", what, qn, err)
+	}
+	sctx, stop := statementContext(ctx)
+	defer stop()
 	for try := 1; ; try++ {
 		sent := time.Now()
-		nx, err := d.next(ctx, qn)
+		nx, err := d.next(sctx, qn)
 		if err != nil {
 			return nil, 0, fmt.Errorf("mysql: %s on %q: %w", what, qn, err)
 		}
@@ -217,7 +225,7 @@ func (d *taskDriver) take(ctx context.Context, what, qn string, n, maxAttempts i
 		if !waiting && !expired {
 			return nil, untilDue(nx.wait(), sent), nil
 		}
-		ts, err := d.takeTx(ctx, qn, n, maxAttempts, waiting, expired, take)
+		ts, err := d.takeTx(sctx, qn, n, maxAttempts, waiting, expired, take)
 		if err != nil && retryable(err) && try < tries && ctx.Err() == nil {
 			continue
 		}
@@ -233,7 +241,7 @@ func (d *taskDriver) take(ctx context.Context, what, qn string, n, maxAttempts i
 		// Due tasks, every one locked by another transaction, or expired
 		// claims dead-lettered: when is the next?
 		sent = time.Now()
-		if nx, err = d.next(ctx, qn); err != nil {
+		if nx, err = d.next(sctx, qn); err != nil {
 			return nil, 0, fmt.Errorf("mysql: %s on %q: %w", what, qn, err)
 		}
 		wait := nx.wait()
@@ -246,13 +254,9 @@ func (d *taskDriver) take(ctx context.Context, what, qn string, n, maxAttempts i
 
 // takeTx is one transaction of take: it returns the tasks taken, in due
 // order, or an error and nothing taken (unless the COMMIT's answer was
-// lost). It runs under statementContext: a transaction cut off midway
-// costs a connection, and its rows are locked until the server sees the
-// connection close.
-func (d *taskDriver) takeTx(ctx context.Context, qn string, n, maxAttempts int, waiting, expired bool,
+// lost).
+func (d *taskDriver) takeTx(sctx context.Context, qn string, n, maxAttempts int, waiting, expired bool,
 	take func(ctx context.Context, tx *sql.Tx, ids []any) error) (_ []task, err error) {
-	sctx, stop := statementContext(ctx)
-	defer stop()
 	tx, err := d.db.BeginTx(sctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, err
