@@ -140,8 +140,12 @@ func (d *taskDriver) next(ctx context.Context, qn string) (next, error) {
 // untilDue turns a wait the server counted from its now into one counted
 // from the caller's: the statement's now was taken a moment after sent,
 // and the statement the wait's end starts takes as long to reach the
-// server, so counted from sent it arrives as the task becomes due.
+// server, so counted from sent it arrives as the task becomes due. A
+// negative wait (nothing queued) stays as it is.
 func untilDue(wait time.Duration, sent time.Time) time.Duration {
+	if wait < 0 {
+		return wait // none queued
+	}
 	return max(wait-time.Since(sent), 0)
 }
 
