@@ -3,6 +3,7 @@ package mysqlqueue
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -138,12 +139,39 @@ func openURL(_ context.Context, u *url.URL) (qdriver.Driver, error) {
 	if err != nil {
 		return nil, invalid("%s", dlockdriver.RedactText(err.Error(), u))
 	}
-	db := sql.OpenDB(conn)
+	db := sql.OpenDB(readCommitted{conn})
 	db.SetMaxOpenConns(maxOpen)
 	db.SetMaxIdleConns(maxIdle)
 	d := newDriver(db, &opts, true)
 	d.addr = dlockdriver.RedactURL(u)
+	d.txOpts = nil // the sessions' own level is READ COMMITTED
 	return d, nil
+}
+
+// readCommitted opens connections whose transactions are READ COMMITTED,
+// for the pool Open makes: a Claim or Pop then begins with START
+// TRANSACTION alone, one round trip of its six instead of two of seven
+// (database/sql sends SET TRANSACTION before each transaction given a
+// level). The statement works on every MariaDB and MySQL version, where
+// the session variable's name does not (tx_isolation,
+// transaction_isolation).
+type readCommitted struct{ sqldriver.Connector }
+
+func (c readCommitted) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ex, ok := conn.(sqldriver.ExecerContext)
+	if !ok {
+		_ = conn.Close()
+		return nil, errors.New("mysql: the client library's connection runs no statements")
+	}
+	if _, err := ex.ExecContext(ctx, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", nil); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return conn, nil
 }
 
 func newDriver(db *sql.DB, opts *Options, owns bool) *taskDriver {
@@ -157,7 +185,8 @@ func newDriver(db *sql.DB, opts *Options, owns bool) *taskDriver {
 	if o.PollInterval == 0 {
 		o.PollInterval = DefaultPollInterval
 	}
-	d := &taskDriver{db: db, owns: owns, name: o.Table, poll: o.PollInterval}
+	d := &taskDriver{db: db, owns: owns, name: o.Table, poll: o.PollInterval,
+		txOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted}}
 	d.sql = strings.NewReplacer("$TABLE", quoteIdent(o.Table))
 	d.w.d = d
 	return d
@@ -171,6 +200,9 @@ type taskDriver struct {
 	name string // the table's name as configured
 	poll time.Duration
 	sql  *strings.Replacer // puts the quoted table name in place of $TABLE
+	// txOpts begin a Claim's or Pop's transaction: READ COMMITTED, or nil
+	// on Open's pool, whose sessions are (readCommitted).
+	txOpts *sql.TxOptions
 
 	ddlMu sync.Mutex
 	ddlOK bool

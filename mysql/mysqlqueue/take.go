@@ -261,7 +261,7 @@ func (d *taskDriver) take(ctx context.Context, what, qn string, n, maxAttempts i
 // lost).
 func (d *taskDriver) takeTx(sctx context.Context, qn string, n, maxAttempts int, waiting, expired bool,
 	take func(ctx context.Context, tx *sql.Tx, ids []any) error) (_ []task, err error) {
-	tx, err := d.db.BeginTx(sctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := d.db.BeginTx(sctx, d.txOpts)
 	if err != nil {
 		return nil, err
 	}
