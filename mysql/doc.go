@@ -70,7 +70,7 @@
 // # Not supported
 //
 // Semaphores, read/write locks and elections fail with an error matching
-// errors.ErrUnsupported, and mysql:// has no queue driver:
+// errors.ErrUnsupported:
 //
 //   - Read/write locks: GET_LOCK has no shared mode (a user lock is
 //     exclusive). Readers would have to be counted beside it (a user lock
@@ -82,8 +82,14 @@
 //   - Elections need the holder's candidate readable by others
 //     (Capabilities.Metadata): a user lock stores no value, only its
 //     holder's connection id.
-//   - A task queue: InnoDB's FOR UPDATE SKIP LOCKED could carry one; not
-//     built.
+//
+// # Task queue
+//
+// Package [github.com/dlock/dlock/mysql/mysqlqueue], in this module, is
+// the queue driver of mysql:// URLs (package dlock/queue) on MariaDB 10.6
+// or MySQL 8.0 and later: one InnoDB table, claims taken with FOR UPDATE
+// SKIP LOCKED, waiting Clients polling (MySQL has no notifications).
+// Importing this package does not link it.
 //
 // # Inspect
 //

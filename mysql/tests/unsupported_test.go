@@ -8,13 +8,12 @@ import (
 
 	"github.com/dlock/dlock"
 	"github.com/dlock/dlock/mysql"
-	"github.com/dlock/dlock/queue"
 	gomysql "github.com/go-sql-driver/mysql"
 )
 
 // Semaphores, read/write locks and elections fail with an error matching
-// errors.ErrUnsupported, before any I/O (the pool's host does not exist);
-// mysql:// has no queue driver.
+// errors.ErrUnsupported, before any I/O (the pool's host does not exist).
+// (mysql:// has a queue driver: package mysql/mysqlqueue, queue_test.go.)
 func TestUnsupported(t *testing.T) {
 	cfg := gomysql.NewConfig()
 	cfg.Net, cfg.Addr = "tcp", "nonexistent.invalid:3306"
@@ -42,10 +41,6 @@ func TestUnsupported(t *testing.T) {
 		if !errors.Is(err, errors.ErrUnsupported) {
 			t.Errorf("%s = %v, want errors.ErrUnsupported", what, err)
 		}
-	}
-	if c, err := queue.Open(ctx, "mysql://u:p@nonexistent.invalid/db"); err == nil {
-		c.Close()
-		t.Error("queue.Open(mysql://…): no error, want no queue driver")
 	}
 }
 
