@@ -68,11 +68,11 @@ go tool staticcheck $(go list "$all" | grep -v '^github.com/dlock/dlock/internal
 # runs take ~3s. A newcomer's run skips it (CI=true turns it on) so that a
 # fresh machine's first run does not grow by those minutes.
 # It covers what applications build: the library module, otel and the
-# mysql driver (the tooling modules would add minutes of compiling Docker's
+# mysql driver and its queue (the tooling modules would add minutes of compiling Docker's
 # client for it).
 if [ "${CI:-}" = true ] || [ "${DLOCK_CHECK_MIN_GO:-}" = 1 ]; then
   min_go="go$(sed -n 's/^go //p' go.mod)"
-  lib=(./... github.com/dlock/dlock/otel/... github.com/dlock/dlock/mysql)
+  lib=(./... github.com/dlock/dlock/otel/... github.com/dlock/dlock/mysql/...)
   step "GOTOOLCHAIN=$min_go go build ${lib[*]} && go vet ${lib[*]}"
   GOTOOLCHAIN="$min_go" go build "${lib[@]}"
   GOTOOLCHAIN="$min_go" go vet "${lib[@]}"
