@@ -167,9 +167,14 @@ type driver struct {
 	compat     bool
 	ownsClient bool
 	hub        *redishub.Hub
-	taken      string         // default layout: the prefix's steal channel (steal.lua)
-	grants     string         // default layout: this Locker's grant channel
-	bg         sync.WaitGroup // leaves still running after their Acquire returned
+	taken      string // default layout: the prefix's steal channel (steal.lua)
+	grants     string // default layout: this Locker's grant channel
+	// held maps the tokens of the default layout's leases to their
+	// handles, for the steal channel's listener (heardSteal), started once
+	// (listenSteals).
+	held         sync.Map
+	listenSteals sync.Once
+	bg           sync.WaitGroup // leaves still running after their Acquire returned
 
 	minReplicas     int           // Options.MinReplicas
 	replicasTimeout time.Duration // Options.MinReplicasTimeout or its default
@@ -397,13 +402,10 @@ func (g *grantWatch) Stop() {
 }
 
 // routeMessage gives a grant message, "g:<token>:<fence>" (a lock handed
-// by the queue scripts to the waiter of that token), to that waiter alone,
-// and a steal message, "t:<token>" (steal.lua), to the holder of that
-// token alone.
+// by the queue scripts to the waiter of that token), to that waiter alone.
+// A steal message, "t:<token>" (steal.lua), goes to the steal channel's one
+// listener (driver.listenSteals).
 func routeMessage(payload string) (string, bool) {
-	if token, ok := strings.CutPrefix(payload, "t:"); ok {
-		return token, token != ""
-	}
 	token, _, ok := parseGrant(payload)
 	return token, ok
 }
@@ -505,36 +507,45 @@ type handle struct {
 	boxArray [5]any
 	grant    dlockdriver.Grant
 
-	// listening is the lease's listener on the steal channel (OnLost), nil
-	// in the compat layout; takenOver says that it heard the steal.
-	listening *redishub.Watcher
+	// onLost is the Locker's loss callback (OnLost), called once a steal
+	// of the lock is heard; takenOver says that it was.
+	onLost    func()
 	takenOver atomic.Bool
 }
 
 // OnLost implements dlockdriver.LossNotifier in the default layout: the
-// handle listens on the prefix's steal channel for its own token (one
-// subscription per Locker, shared by its leases, made in the background;
-// no round trip of the lease's), and a steal of its lock (steal.lua) calls
-// f. Nothing else is reported this way: a lock that expired or was deleted
-// is found by the next refresh, as before. The listener ends with Release,
-// a Refresh that finds the lock gone, the steal, or Close.
+// handle is registered by its token with the driver, whose one listener on
+// the prefix's steal channel (listenSteals: one subscription per Locker,
+// made at its first lease, kept until Close) calls f when steal.lua
+// publishes the token. A lease costs a map store and delete, no round
+// trip. Nothing else is reported this way: a lock that expired or was
+// deleted is found by the next refresh, as before.
 func (h *handle) OnLost(f func()) {
 	if h.d.compat {
 		return
 	}
-	var x *redishub.Watcher
-	x, err := h.d.hub.Listen(h.d.taken, h.token.(string), func(_ string, message bool) {
-		// Called under the hub's lock: the rest runs outside it. A
-		// reconnection (message false) tells nothing about the lock.
-		if message && h.takenOver.CompareAndSwap(false, true) {
-			go func() {
-				x.Stop()
-				f()
-			}()
-		}
+	h.onLost = f
+	h.d.held.Store(h.token.(string), h)
+	h.d.listenSteals.Do(func() {
+		// A hub that cannot listen (closed) leaves the refresh to find a
+		// steal.
+		_, _ = h.d.hub.Listen(h.d.taken, "", h.d.heardSteal)
 	})
-	if err == nil {
-		h.listening = x
+}
+
+// heardSteal is the steal channel's listener: it ends the lease whose token
+// a steal message names. Called under the hub's lock, so the callback runs
+// outside it. A reconnection (message false) tells nothing of a steal.
+func (d *driver) heardSteal(payload string, message bool) {
+	token, ok := strings.CutPrefix(payload, "t:")
+	if !message || !ok {
+		return
+	}
+	if v, ok := d.held.LoadAndDelete(token); ok {
+		h := v.(*handle)
+		if h.takenOver.CompareAndSwap(false, true) {
+			go h.onLost()
+		}
 	}
 }
 
@@ -547,10 +558,10 @@ func (h *handle) LossCause() error {
 	return nil
 }
 
-// stopListening ends the handle's listener on the steal channel, if any.
+// stopListening forgets the handle's token: a steal is no longer its news.
 func (h *handle) stopListening() {
-	if h.listening != nil {
-		h.listening.Stop()
+	if h.onLost != nil {
+		h.d.held.CompareAndDelete(h.token.(string), h)
 	}
 }
 

@@ -17,8 +17,8 @@ var stealScript = newScript(stealLua)
 // fencing token (dlockdriver.Stealer): one script, steal.lua. The queue of
 // waiters is left as it is. In the default layout the script publishes the
 // previous holder's token on the prefix's steal channel, where its Locker
-// listens while it holds leases (handle.OnLost): the loss is reported at
-// once, as ErrTakenOver. In the compat layout, and if that message is
+// listens once it has held a lease (handle.OnLost): the loss is reported
+// at once, as ErrTakenOver. In the compat layout, and if that message is
 // missed, its next refresh finds it.
 func (d *driver) Steal(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	h := d.newHandle(req.Name, req.Token)
