@@ -85,6 +85,19 @@
 //   - A task queue: InnoDB's FOR UPDATE SKIP LOCKED could carry one; not
 //     built.
 //
+// # Round trips
+//
+// On the pools the driver opens itself (a URL, NewFromConfig), whose
+// connections take several statements per request, an attempt is one
+// request (SET wait_timeout, GET_LOCK and the fence UPDATE together), a
+// release one (RELEASE_LOCK and the SET that puts wait_timeout back), a
+// refresh one. On an application's pool ([New]) each statement is a
+// request of its own: three per attempt, two per release. Values go into
+// statements as literals, never as parameters, which the client library
+// would prepare in a round trip of their own. With fencing, an attempt's
+// grant waits for the fence UPDATE's commit to be flushed to disk:
+// fencing=false saves that write.
+//
 // # Inspect
 //
 // [dlock.Locker.Inspect] (and dlock inspect mysql://…) names the session

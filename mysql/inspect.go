@@ -24,7 +24,7 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 		id         sql.NullInt64
 		user, host sql.NullString
 	)
-	if err := d.db.QueryRowContext(ctx, inspectSQL, key).Scan(&id, &user, &host); err != nil {
+	if err := d.db.QueryRowContext(ctx, fill(inspectSQL, "$KEY", literal(key))).Scan(&id, &user, &host); err != nil {
 		return info, fmt.Errorf("mysql: inspecting %q: %w", name, err)
 	}
 	if !id.Valid {

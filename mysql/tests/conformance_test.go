@@ -110,3 +110,29 @@ func TestConformance(t *testing.T) {
 	srv := dlocktest.RequireNew(t, dlocktest.MariaDB)
 	conformance.Run(t, ownServer{harness{addr: srv.Addr(), raw: rawDB(t, srv.Addr())}, srv})
 }
+
+// appPool is a harness whose lockers are built by mysql.New on a pool of
+// the test's, as an application's, whose connections take one statement
+// per request: the driver's other path.
+type appPool struct{ harness }
+
+func (h appPool) NewLocker(t testing.TB, defaults *dlock.Options) (*dlock.Locker, conformance.Faults) {
+	t.Helper()
+	p := faultnet.ListenT(t, h.addr)
+	o := h.opts
+	if defaults != nil {
+		o.Defaults = *defaults
+	}
+	l, err := mysql.New(rawDB(t, p.Addr()), &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, p
+}
+
+// The suite on lockers of mysql.New, without server faults (TestConformance
+// has them, on the driver's own pools).
+func TestConformanceAppPool(t *testing.T) {
+	srv := dlocktest.Require(t, dlocktest.MariaDB)
+	conformance.Run(t, appPool{harness{addr: srv.Addr(), raw: rawDB(t, srv.Addr())}})
+}
