@@ -90,8 +90,9 @@ func (o *Options) check() error {
 // New returns a Locker taking its connections from the application's
 // database handle, which must reach a MariaDB (10.3 or later) or, with
 // NoFencing, a MySQL server. Each lease holds one of db's connections for
-// its whole life, so db.SetMaxOpenConns bounds the leases too (and past
-// it, an acquisition waits for a connection). db's connections may not take several
+// its whole life, and each waiting Acquire one while it waits, so
+// db.SetMaxOpenConns bounds the leases too (and past it, an acquisition
+// waits for a connection). db's connections may not take several
 // statements per request, so the driver sends one per request: an
 // acquisition takes up to two round trips more than on a pool of its own
 // (see Round trips in the package doc). Closing the Locker does not close
@@ -165,6 +166,8 @@ type driver struct {
 	mu     sync.Mutex
 	closed bool
 	leases map[*lease]struct{} // granted and not yet ended
+
+	kills sync.WaitGroup // ends of given-up waits' sessions (kill), which Close waits for
 }
 
 func (d *driver) Capabilities() dlock.Capabilities {
@@ -174,6 +177,9 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		ExpirySlack: ExpirySlack,
 		// The session holds the lock: its end, for whatever reason, frees it.
 		ConnectionBound: true,
+		// A waiter waits in GET_LOCK, which the server ends when the lock
+		// is released or its holder's session ends (wait.go).
+		NotifiedWait: true,
 	}
 }
 
@@ -447,7 +453,8 @@ func (d *driver) isClosed() bool {
 }
 
 // Close closes the connections of leases that were not released (the
-// Locker released the others), and the pool when Open made it.
+// Locker released the others), waits for the ends of given-up waits (each
+// bounded by killTimeout), and closes the pool when Open made it.
 func (d *driver) Close() error {
 	d.mu.Lock()
 	d.closed = true
@@ -459,6 +466,7 @@ func (d *driver) Close() error {
 	for _, l := range leases {
 		l.end(false)
 	}
+	d.kills.Wait()
 	if d.ownsDB {
 		return d.db.Close()
 	}

@@ -14,6 +14,10 @@ var (
 	trySQL string
 	//go:embed try_fence.sql
 	tryFenceSQL string
+	//go:embed wait.sql
+	waitSQL string
+	//go:embed kill.sql
+	killSQL string
 	//go:embed fence.sql
 	fenceSQL string
 	//go:embed fence_create.sql
@@ -29,7 +33,7 @@ var (
 )
 
 func init() {
-	for _, s := range []*string{&trySQL, &tryFenceSQL, &fenceSQL, &fenceCreateSQL, &idleSQL, &heldSQL, &releaseSQL, &inspectSQL} {
+	for _, s := range []*string{&trySQL, &tryFenceSQL, &waitSQL, &killSQL, &fenceSQL, &fenceCreateSQL, &idleSQL, &heldSQL, &releaseSQL, &inspectSQL} {
 		*s = stripHeader(*s)
 	}
 }

@@ -9,7 +9,7 @@ import (
 // carry no parameters (each would cost a round trip to prepare).
 func TestStatements(t *testing.T) {
 	for name, s := range map[string]string{
-		"try": trySQL, "try_fence": tryFenceSQL, "fence": fenceSQL,
+		"try": trySQL, "try_fence": tryFenceSQL, "wait": waitSQL, "kill": killSQL, "fence": fenceSQL,
 		"fence_create": fenceCreateSQL, "idle": idleSQL, "held": heldSQL, "release": releaseSQL, "inspect": inspectSQL,
 	} {
 		if strings.Contains(s, "--") || strings.Contains(s, "?") || s == "" {
@@ -18,6 +18,9 @@ func TestStatements(t *testing.T) {
 	}
 	if n := len(strings.Split(tryFenceSQL, ";\n")); n != 3 {
 		t.Errorf("try_fence.sql: %d statements, want 3", n)
+	}
+	if n := len(strings.Split(killSQL, ";\n")); n != 2 {
+		t.Errorf("kill.sql: %d statements, want 2", n)
 	}
 }
 
