@@ -40,10 +40,12 @@
 // frees it when the session ends, and it ends the session of a holder that
 // sent nothing for wait_timeout seconds, which the driver sets to the TTL.
 // A refresh is any statement (the driver asks IS_USED_LOCK, which also
-// tells a lost lease). Fencing tokens come from a one-row counter table,
-// bumped in an autocommitted UPDATE after the grant, so that they increase
-// across crashes (a MariaDB sequence's NEXTVAL, tried first, handed a token
-// out twice across a kill: its write is not flushed at once).
+// tells a lost lease). A waiter waits in GET_LOCK with a timeout, which the
+// server ends when the lock is freed. Fencing tokens come from a one-row
+// counter table, bumped in an autocommitted UPDATE after the grant, so
+// that they increase across crashes (a MariaDB sequence's NEXTVAL, tried
+// first, handed a token out twice across a kill: its write is not flushed
+// at once).
 //
 // # Guarantees
 //
@@ -60,10 +62,15 @@
 //     (default dlock_fence in the URL's database, made on first use),
 //     bumped after the grant, increasing across crashes and restarts. A
 //     restart ends every lock (the leases report it).
-//   - Waiting polls (dlock.Options RetryMin..RetryMax): not FIFO, not
-//     notified.
-//   - Each lease holds a pooled connection: max_open_conns bounds the
-//     leases of a Locker; past it, an acquisition waits for a connection.
+//   - Waiting is the server's: a waiting Acquire waits in GET_LOCK, which
+//     the server ends when the lock is released or its holder's session
+//     ends (NotifiedWait); not FIFO (the server does not promise an order).
+//     An Acquire given up on (its ctx ended) ends its session from
+//     another connection (KILL), so that the server does not grant the
+//     lock to a session nobody reads.
+//   - Each lease holds a pooled connection, and so does each waiting
+//     Acquire: max_open_conns bounds the leases and waits of a Locker;
+//     past it, an acquisition waits for a connection.
 //     Not behind a proxy that moves statements between server sessions
 //     (ProxySQL's multiplexing, say): the lock is the session's.
 //
@@ -90,6 +97,21 @@
 // or MySQL 8.0 and later: one InnoDB table, claims taken with FOR UPDATE
 // SKIP LOCKED, waiting Clients polling (MySQL has no notifications).
 // Importing this package does not link it.
+//
+// # Round trips
+//
+// On the pools the driver opens itself (a URL, NewFromConfig), whose
+// connections take several statements per request, an attempt is one
+// request (SET wait_timeout, GET_LOCK and the fence UPDATE together), a
+// release one (RELEASE_LOCK and the SET that puts wait_timeout back), a
+// refresh one; a waiting Acquire that found the lock busy adds the wait
+// and, once granted, one request for the fence (or a check). On an
+// application's pool ([New]) each statement is a request of its own:
+// three per attempt, two per release. Values go into statements as
+// literals, never as parameters, which the client library would prepare
+// in a round trip of their own. With fencing, an attempt's grant waits for
+// the fence UPDATE's commit to be flushed to disk: fencing=false saves
+// that write.
 //
 // # Inspect
 //

@@ -14,9 +14,10 @@ import (
 // process list). The server stores nothing else per user lock: the fencing
 // token is known only for a lease of this Locker (Fence), and the token,
 // metadata, grant time and TTL stay unknown; waiters are unknown too (the
-// Locker's waiters poll, and the server does not say who waits for a name
-// in GET_LOCK). User lock names are not listed (no Lister): MariaDB lists
-// them only with the metadata_lock_info plugin installed.
+// server shows who waits in GET_LOCK only in its process list, where
+// another user's sessions need PROCESS). User lock names are not listed
+// (no Lister): MariaDB lists them only with the metadata_lock_info plugin
+// installed.
 func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo, error) {
 	info := dlockdriver.LockInfo{Name: name, TTL: -1, Waiters: -1}
 	key := LockName(d.prefix, name)
@@ -24,7 +25,7 @@ func (d *driver) Inspect(ctx context.Context, name string) (dlockdriver.LockInfo
 		id         sql.NullInt64
 		user, host sql.NullString
 	)
-	if err := d.db.QueryRowContext(ctx, inspectSQL, key).Scan(&id, &user, &host); err != nil {
+	if err := d.db.QueryRowContext(ctx, fill(inspectSQL, "$KEY", literal(key))).Scan(&id, &user, &host); err != nil {
 		return info, fmt.Errorf("mysql: inspecting %q: %w", name, err)
 	}
 	if !id.Valid {

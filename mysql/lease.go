@@ -13,16 +13,32 @@ import (
 // lease is the driver's side of one held lock: the pooled connection whose
 // session holds it, kept out of the pool until the lease ends.
 type lease struct {
-	d      *driver
-	key    string
-	connID int64  // the session's connection id, as IS_USED_LOCK gives it
-	fence  uint64 // the grant's fencing token, 0 without fencing
+	d       *driver
+	key     string
+	connID  int64  // the session's connection id, as IS_USED_LOCK gives it
+	fence   uint64 // the grant's fencing token, 0 without fencing
+	held    string // held.sql on key
+	release string // release.sql on key (on the driver's own pools, behind the SET putting wait_timeout back)
 
 	mu     sync.Mutex // serialises the statements on c
 	c      *sql.Conn  // nil once the lease ended
 	secs   int64      // the session's wait_timeout
 	lost   bool       // the session ended, or may have
 	onLost func()
+}
+
+// newLease is the lease of a grant on c, whose session holds key's lock
+// with wait_timeout secs.
+func newLease(d *driver, c *sql.Conn, key string, connID int64, fence uint64, secs int64) *lease {
+	l := &lease{d: d, c: c, key: key, connID: connID, fence: fence, secs: secs}
+	l.held = fill(heldSQL, "$KEY", literal(key))
+	l.release = fill(releaseSQL, "$KEY", literal(key))
+	if d.multi {
+		// The SET first: a failed SET fails the request before the
+		// release, whose answer then is the request's last.
+		l.release = batch(resetTimeoutSQL, l.release)
+	}
+	return l
 }
 
 // OnLost registers f, called when a statement of the lease finds its
@@ -39,10 +55,11 @@ func (l *lease) OnLost(f func()) {
 }
 
 // Refresh moves the session's wait_timeout to ttl when it changes and
-// checks that the session still holds the lock; running a statement at all
-// restarts the server's idle count. A failed statement means the session
-// ended or is ending (the client library closes a connection whose
-// statement it gave up on): the lease is lost.
+// checks that the session still holds the lock, in one request on the
+// driver's own pools; running a statement at all restarts the server's
+// idle count. A failed statement means the session ended or is ending
+// (the client library closes a connection whose statement it gave up on):
+// the lease is lost.
 func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	secs, err := seconds(ttl)
 	if err != nil {
@@ -53,25 +70,30 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	if l.c == nil {
 		return 0, fmt.Errorf("%w: mysql: the lease's session ended", dlock.ErrNotHeld)
 	}
+	check := l.held
 	if secs != l.secs {
-		if _, err := l.c.ExecContext(ctx, setTimeoutSQL, secs); err != nil {
+		timeout := fill(setTimeoutSQL, "$SECS", num(secs))
+		if l.d.multi {
+			check = batch(timeout, check)
+		} else if _, err := l.c.ExecContext(ctx, timeout); err != nil {
 			return 0, l.failed("refreshing", err)
 		}
-		l.secs = secs
 	}
-	if err := l.check(ctx); err != nil {
+	if err := l.check(ctx, check); err != nil {
 		return 0, err
 	}
+	l.secs = secs
 	if granted := time.Duration(secs) * time.Second; granted != ttl {
 		return granted, nil
 	}
 	return 0, nil
 }
 
-// check asks the server whether the session holds the lock; l.mu is held.
-func (l *lease) check(ctx context.Context) error {
+// check asks the server whether the session holds the lock, with q:
+// held.sql, perhaps behind a SET; l.mu is held.
+func (l *lease) check(ctx context.Context, q string) error {
 	var held sql.NullBool
-	if err := l.c.QueryRowContext(ctx, heldSQL, l.key).Scan(&held); err != nil {
+	if err := l.c.QueryRowContext(ctx, q).Scan(&held); err != nil {
 		return l.failed("checking", err)
 	}
 	if !alive(l.c) {
@@ -93,7 +115,7 @@ func (l *lease) Held(ctx context.Context) (bool, error) {
 	if l.c == nil {
 		return false, nil
 	}
-	if err := l.check(ctx); err != nil {
+	if err := l.check(ctx, l.held); err != nil {
 		if l.c == nil { // the session is gone: not held
 			return false, nil
 		}
@@ -102,7 +124,9 @@ func (l *lease) Held(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// Release lets go of the lock and puts the connection back into the pool.
+// Release lets go of the lock and puts the connection back into the pool,
+// with wait_timeout as the server's default: in one request on the
+// driver's own pools.
 func (l *lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -110,7 +134,7 @@ func (l *lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: mysql: the lease's session ended", dlock.ErrNotHeld)
 	}
 	var released sql.NullInt64
-	if err := l.c.QueryRowContext(ctx, releaseSQL, l.key).Scan(&released); err != nil {
+	if err := l.c.QueryRowContext(ctx, l.release).Scan(&released); err != nil {
 		return l.failed("releasing", err)
 	}
 	c := l.c
@@ -119,7 +143,11 @@ func (l *lease) Release(ctx context.Context) error {
 		discard(c)
 		return fmt.Errorf("%w: mysql: the session did not hold the lock", dlock.ErrNotHeld)
 	}
-	l.d.putBack(c)
+	if l.d.multi {
+		_ = c.Close() // the request put wait_timeout back
+	} else {
+		l.d.putBack(c)
+	}
 	return nil
 }
 

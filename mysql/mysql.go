@@ -57,8 +57,9 @@ type Options struct {
 	KeyPrefix string
 
 	// NoFencing turns fencing tokens off (URL: fencing=false): an
-	// acquisition then takes one round trip less, and the driver needs no
-	// table, no database and no CREATE privilege. Default false.
+	// acquisition then writes nothing to disk (and on an application's
+	// pool takes one round trip less), and the driver needs no table, no
+	// database and no CREATE privilege. Default false.
 	NoFencing bool
 
 	// FenceTable names the one-row table the fencing tokens come from (URL:
@@ -89,9 +90,13 @@ func (o *Options) check() error {
 // New returns a Locker taking its connections from the application's
 // database handle, which must reach a MariaDB (10.3 or later) or, with
 // NoFencing, a MySQL server. Each lease holds one of db's connections for
-// its whole life, so db.SetMaxOpenConns bounds the leases too (and past
-// it, an acquisition waits for a connection). Closing the Locker does not
-// close db.
+// its whole life, and each waiting Acquire one while it waits, so
+// db.SetMaxOpenConns bounds the leases too (and past it, an acquisition
+// waits for a connection). db's connections may not take several
+// statements per request, so the driver sends one per request: an
+// acquisition takes up to two round trips more than on a pool of its own
+// (see Round trips in the package doc). Closing the Locker does not close
+// db.
 func New(db *sql.DB, opts *Options) (*dlock.Locker, error) {
 	if db == nil {
 		return nil, invalid("nil *sql.DB")
@@ -132,6 +137,9 @@ func newDriver(db *sql.DB, opts *Options, ownsDB bool) *driver {
 		fencing:  !o.NoFencing,
 		table:    quoteIdent(o.FenceTable),
 		leases:   make(map[*lease]struct{}),
+		// The pools the driver opens itself (from a URL, NewFromConfig)
+		// take several statements per request; an application's may not.
+		multi: ownsDB,
 	}
 	d.fence = withTable(fenceSQL, d.table)
 	return d
@@ -147,6 +155,10 @@ type driver struct {
 	fencing  bool
 	table    string // the fencing table, quoted
 	fence    string // fence.sql on it
+	// multi: the pool's connections take several statements per request
+	// (the pools the driver opens itself), so that an attempt, a release
+	// and their session settings go in one round trip.
+	multi bool
 
 	tableMu    sync.Mutex
 	tableReady bool // the table exists (made or found once)
@@ -154,6 +166,8 @@ type driver struct {
 	mu     sync.Mutex
 	closed bool
 	leases map[*lease]struct{} // granted and not yet ended
+
+	kills sync.WaitGroup // ends of given-up waits' sessions (kill), which Close waits for
 }
 
 func (d *driver) Capabilities() dlock.Capabilities {
@@ -163,6 +177,9 @@ func (d *driver) Capabilities() dlock.Capabilities {
 		ExpirySlack: ExpirySlack,
 		// The session holds the lock: its end, for whatever reason, frees it.
 		ConnectionBound: true,
+		// A waiter waits in GET_LOCK, which the server ends when the lock
+		// is released or its holder's session ends (wait.go).
+		NotifiedWait: true,
 	}
 }
 
@@ -216,16 +233,30 @@ func seconds(ttl time.Duration) (int64, error) {
 	return int64((ttl + time.Second - 1) / time.Second), nil
 }
 
-// TryAcquire takes a connection of the pool for the lease, sets its
-// wait_timeout to the TTL, makes one GET_LOCK attempt and, granted, takes
-// the fencing token. ctx bounds it; cut short after GET_LOCK was
-// sent, the connection is closed, which frees the lock the server may have
+// TryAcquire takes a connection of the pool for the lease and makes one
+// attempt on it (try). ctx bounds it; cut short after GET_LOCK was sent,
+// the connection is closed, which frees the lock the server may have
 // granted (as soon as the server sees the close, at the TTL at the latest).
 func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dlockdriver.Grant, error) {
 	secs, err := seconds(req.TTL)
 	if err != nil {
 		return nil, err
 	}
+	c, err := d.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	key := LockName(d.prefix, req.Name)
+	g, _, err := d.try(ctx, c, key, secs, req.TTL)
+	if err != nil || g != nil {
+		return g, err
+	}
+	return nil, d.busy(ctx, c, key, secs)
+}
+
+// conn takes a connection of the pool for an acquisition and, with
+// fencing, makes sure that the fencing table exists.
+func (d *driver) conn(ctx context.Context) (*sql.Conn, error) {
 	if d.isClosed() {
 		return nil, dlock.ErrClosed
 	}
@@ -239,45 +270,85 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 			return nil, fmt.Errorf("mysql: %w", err)
 		}
 	}
-	if _, err := c.ExecContext(ctx, setTimeoutSQL, secs); err != nil {
-		discard(c)
-		return nil, fmt.Errorf("mysql: setting wait_timeout: %w", err)
+	return c, nil
+}
+
+// try makes one attempt on c: it sets the session's wait_timeout to the
+// TTL, tries GET_LOCK and, granted, takes the fencing token. On the
+// driver's own pools that is one request (try_fence.sql, or try.sql
+// without fencing, behind the SET); on an application's pool, whose
+// connections may not take several statements at once, one request per
+// statement. A grant has c; a busy attempt (nil grant, nil error) leaves
+// c to the caller; an error has closed c. connID is the session's.
+func (d *driver) try(ctx context.Context, c *sql.Conn, key string, secs int64, ttl time.Duration) (g *dlockdriver.Grant, connID int64, err error) {
+	var (
+		got, id sql.NullInt64
+		changed int64  // the rows the fence UPDATE changed (batched)
+		fence   uint64 // its token
+	)
+	timeout := fill(setTimeoutSQL, "$SECS", num(secs))
+	switch {
+	case d.multi && d.fencing:
+		err = c.QueryRowContext(ctx, batch(timeout, fill(tryFenceSQL, "$TABLE", d.table, "$KEY", literal(key)))).Scan(&got, &id, &changed, &fence)
+	case d.multi:
+		err = c.QueryRowContext(ctx, batch(timeout, fill(trySQL, "$KEY", literal(key)))).Scan(&got, &id)
+	default:
+		if _, err := c.ExecContext(ctx, timeout); err != nil {
+			discard(c)
+			return nil, 0, fmt.Errorf("mysql: setting wait_timeout: %w", err)
+		}
+		err = c.QueryRowContext(ctx, fill(trySQL, "$KEY", literal(key))).Scan(&got, &id)
 	}
-	key := LockName(d.prefix, req.Name)
-	var got, connID sql.NullInt64
-	if err := c.QueryRowContext(ctx, trySQL, key).Scan(&got, &connID); err != nil {
+	if err != nil {
 		discard(c) // frees the lock if the server granted it
-		return nil, fmt.Errorf("mysql: GET_LOCK: %w", err)
+		return nil, 0, fmt.Errorf("mysql: GET_LOCK: %w", err)
 	}
-	if !got.Valid {
+	switch {
+	case !got.Valid:
 		discard(c)
-		return nil, errors.New("mysql: GET_LOCK returned NULL (the session was killed)")
+		return nil, 0, errors.New("mysql: GET_LOCK returned NULL (the session was killed)")
+	case got.Int64 == 0:
+		return nil, id.Int64, nil
 	}
-	if got.Int64 == 0 {
-		left := remaining(ctx, c, key, secs)
-		d.putBack(c)
-		return nil, dlockdriver.Busy(left)
-	}
-	var fence uint64
 	if d.fencing {
-		res, err := c.ExecContext(ctx, d.fence)
-		var id int64
-		if err == nil {
-			id, err = res.LastInsertId()
+		if d.multi {
+			if changed != 1 {
+				discard(c) // frees the lock
+				return nil, 0, fmt.Errorf("mysql: taking the fencing token: the fencing table %s has no row 1", d.table)
+			}
+		} else if fence, err = d.takeFence(ctx, c); err != nil {
+			return nil, 0, err
 		}
-		if err != nil {
-			discard(c) // frees the lock
-			return nil, fmt.Errorf("mysql: taking the fencing token: %w", err)
-		}
-		fence = uint64(id)
 	}
+	g, err = d.granted(ctx, c, key, id.Int64, fence, secs, ttl)
+	return g, id.Int64, err
+}
+
+// takeFence takes the next fencing token on c, whose session holds the
+// lock (fence.sql); on an error it closes c, which frees the lock.
+func (d *driver) takeFence(ctx context.Context, c *sql.Conn) (uint64, error) {
+	res, err := c.ExecContext(ctx, d.fence)
+	var id int64
+	if err == nil {
+		id, err = res.LastInsertId()
+	}
+	if err != nil {
+		discard(c)
+		return 0, fmt.Errorf("mysql: taking the fencing token: %w", err)
+	}
+	return uint64(id), nil
+}
+
+// granted makes the lease of a grant on c, whose session holds key's
+// lock with wait_timeout secs; ttl is the one asked for.
+func (d *driver) granted(ctx context.Context, c *sql.Conn, key string, connID int64, fence uint64, secs int64, ttl time.Duration) (*dlockdriver.Grant, error) {
 	if !alive(c) {
 		// ctx ended as the last statement was answered, and the client
 		// library closed the session for it: the lock went with it.
 		discard(c)
 		return nil, fmt.Errorf("mysql: the session ended with ctx after GET_LOCK: %w", cause(ctx))
 	}
-	l := &lease{d: d, c: c, key: key, connID: connID.Int64, fence: fence, secs: secs}
+	l := newLease(d, c, key, connID, fence, secs)
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -287,27 +358,44 @@ func (d *driver) TryAcquire(ctx context.Context, req dlockdriver.Request) (*dloc
 	d.leases[l] = struct{}{}
 	d.mu.Unlock()
 	g := &dlockdriver.Grant{Handle: l, Fence: fence}
-	if ttl := time.Duration(secs) * time.Second; ttl != req.TTL {
-		g.TTL = ttl
+	if granted := time.Duration(secs) * time.Second; granted != ttl {
+		g.TTL = granted
 	}
 	return g, nil
 }
 
-// remaining is the hint of a busy attempt: how long the holder's session
-// has left before wait_timeout ends it, assuming the holder's TTL is secs,
-// the requester's (another session's wait_timeout cannot be read). A wrong
-// guess only moves the waiter's next attempt; 0 when unknown.
-func remaining(ctx context.Context, c *sql.Conn, key string, secs int64) time.Duration {
+// busy is the error of an attempt that found the lock held, with a hint:
+// how long the holder's session has left before wait_timeout ends it,
+// assuming the holder's TTL is secs, the requester's (another session's
+// wait_timeout cannot be read). A wrong guess only moves the waiter's next
+// attempt. It puts c back into the pool, in the same request on the
+// driver's own pools.
+func (d *driver) busy(ctx context.Context, c *sql.Conn, key string, secs int64) error {
 	var idle sql.NullFloat64
-	err := c.QueryRowContext(ctx, idleSQL, key).Scan(&idle)
+	q := fill(idleSQL, "$KEY", literal(key))
+	var err error
+	if d.multi {
+		// The SET first: a failed SET fails the request, a missing row
+		// (the idle statement's) does not.
+		err = c.QueryRowContext(ctx, batch(resetTimeoutSQL, q)).Scan(&idle)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			discard(c)
+		} else {
+			_ = c.Close()
+		}
+	} else {
+		err = c.QueryRowContext(ctx, q).Scan(&idle)
+		d.putBack(c)
+	}
+	var left time.Duration
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return endingSoon // the holder's session is ending, or the lock is free now
-	case err != nil || !idle.Valid:
-		return 0
+		left = endingSoon // the holder's session is ending, or the lock is free now
+	case err == nil && idle.Valid:
+		left = time.Duration(secs)*time.Second - time.Duration(idle.Float64*float64(time.Millisecond))
+		left = max(left, endingSoon) // past due: the server is ending the session
 	}
-	left := time.Duration(secs)*time.Second - time.Duration(idle.Float64*float64(time.Millisecond))
-	return max(left, endingSoon) // past due: the server is ending the session
+	return dlockdriver.Busy(left)
 }
 
 // endingSoon is the hint of a busy attempt that found the holder's session
@@ -365,7 +453,8 @@ func (d *driver) isClosed() bool {
 }
 
 // Close closes the connections of leases that were not released (the
-// Locker released the others), and the pool when Open made it.
+// Locker released the others), waits for the ends of given-up waits (each
+// bounded by killTimeout), and closes the pool when Open made it.
 func (d *driver) Close() error {
 	d.mu.Lock()
 	d.closed = true
@@ -377,6 +466,7 @@ func (d *driver) Close() error {
 	for _, l := range leases {
 		l.end(false)
 	}
+	d.kills.Wait()
 	if d.ownsDB {
 		return d.db.Close()
 	}

@@ -49,6 +49,7 @@ func open(_ context.Context, u *url.URL) (dlockdriver.Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.MultiStatements = true // see driver.multi
 	conn, err := gomysql.NewConnector(cfg)
 	if err != nil {
 		return nil, invalid("%s", dlockdriver.RedactText(err.Error(), u))
@@ -63,7 +64,9 @@ func open(_ context.Context, u *url.URL) (dlockdriver.Driver, error) {
 // NewFromConfig opens a pool on cfg (from ParseURL, adjusted: a TLS config,
 // a dialer), checks that the server answers and, with fencing, that the
 // fencing table exists (bounded by ctx), and returns a Locker that owns
-// the pool and closes it on Close.
+// the pool and closes it on Close. The pool's connections take several
+// statements per request (a copy of cfg with MultiStatements), which the
+// driver uses to save round trips; cfg itself is left as it is.
 func NewFromConfig(ctx context.Context, cfg *gomysql.Config, opts *Options) (*dlock.Locker, error) {
 	if cfg == nil {
 		return nil, invalid("nil config")
@@ -71,6 +74,8 @@ func NewFromConfig(ctx context.Context, cfg *gomysql.Config, opts *Options) (*dl
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.Clone()
+	cfg.MultiStatements = true
 	conn, err := gomysql.NewConnector(cfg)
 	if err != nil {
 		return nil, invalid("%v", err)
