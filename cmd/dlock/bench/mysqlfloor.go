@@ -19,8 +19,9 @@ import (
 //
 // TryLock is `SELECT GET_LOCK(?, 0)` on the Floor's pinned connection and
 // Unlock `SELECT RELEASE_LOCK(?)`: session user locks, the primitive the
-// driver builds on, with no expiry (the TTL is not applied: the driver's
-// wait_timeout is its own round trip), no fencing and no token (a
+// driver builds on, with no expiry (the TTL is not applied: the driver
+// sets wait_timeout in the same request as its GET_LOCK), no fencing and
+// no token (a
 // session's lock is its own). Names go through mysql.LockName, as the
 // driver's do: the server takes at most 64 characters.
 func MySQLFloors(u *url.URL) (FloorOpener, error) {
