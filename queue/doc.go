@@ -22,7 +22,9 @@
 // are imported: [github.com/dlock/dlock/queue/redisqueue] (redis://,
 // rediss://; also a Redis Cluster through redisqueue.NewQueue),
 // [github.com/dlock/dlock/queue/pgqueue] (postgres://, postgresql://),
-// [github.com/dlock/dlock/queue/memqueue] (mem://):
+// [github.com/dlock/dlock/queue/memqueue] (mem://), and, in the module
+// github.com/dlock/dlock/mysql, github.com/dlock/dlock/mysql/mysqlqueue
+// (mysql://, MariaDB 10.6+ and MySQL 8.0+, waiting by polling):
 //
 //	import _ "github.com/dlock/dlock/queue/redisqueue"
 //

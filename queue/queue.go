@@ -44,9 +44,10 @@ type Client struct {
 }
 
 // Open connects to the queue backend a URL names: redis:// and rediss://
-// (package dlock/redis), postgres:// and postgresql:// (dlock/postgres),
-// mem:// (dlock/memory); import the driver's package for its scheme to be
-// known. ctx bounds connecting.
+// (package dlock/queue/redisqueue), postgres:// and postgresql://
+// (dlock/queue/pgqueue), mem:// (dlock/queue/memqueue), mysql://
+// (dlock/mysql/mysqlqueue, in the module dlock/mysql); import the driver's
+// package for its scheme to be known. ctx bounds connecting.
 func Open(ctx context.Context, rawURL string) (*Client, error) {
 	u, err := dlockdriver.ParseURL(rawURL) // its errors quote nothing of the URL
 	if err != nil {
