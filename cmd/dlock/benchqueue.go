@@ -18,14 +18,17 @@ import (
 	"github.com/dlock/dlock/queue"
 
 	// The queue backends the bench can open by URL.
+	_ "github.com/dlock/dlock/mysql/mysqlqueue"
 	_ "github.com/dlock/dlock/queue/memqueue"
 	_ "github.com/dlock/dlock/queue/pgqueue"
 	_ "github.com/dlock/dlock/queue/redisqueue"
 )
 
-// queueBackends are the backends with a task-queue driver, and their floors.
+// queueBackends are the backends with a task-queue driver, and their
+// floors (none for memory and mysql).
 var queueBackends = map[string]func(u *url.URL) func(context.Context) (bench.QueueFloor, error){
 	"memory":   nil,
+	"mysql":    nil,
 	"redis":    bench.RedisQueueFloor,
 	"postgres": bench.PostgresQueueFloor,
 }
@@ -51,8 +54,9 @@ func benchQueueMain(ctx context.Context, args []string, stdout, stderr io.Writer
 Measures the task queue (package queue) on each backend beside a raw-client
 floor doing the same work with the fewest server commands: enqueue/s and
 claim+ack/s with -workers workers, and how long after a delayed task is due
-a worker blocked in ClaimWait has it (p50, p99). Servers are started in
-Docker on 127.0.0.1 unless -url names one.
+a worker blocked in ClaimWait has it (p50, p99). Backends: memory, redis,
+postgres (the default list) and mysql (MariaDB, no floor yet). Servers are
+started in Docker on 127.0.0.1 unless -url names one.
 
 With -peers it measures, on redis and postgres, dlock's queue beside the
 libraries its users would otherwise pick: hibiken/asynq on Redis and
@@ -82,10 +86,10 @@ Flags:
 	}
 	names, ok := benchNames("dlock bench queue", *list, func(n string) error {
 		if _, ok := queueBackends[n]; !ok {
-			return fmt.Errorf("%q has no task queue (memory, redis, postgres have)", n)
+			return fmt.Errorf("%q has no task queue (memory, redis, postgres, mysql have)", n)
 		}
-		if *peers && n == "memory" {
-			return fmt.Errorf("memory has no peers (-peers measures redis and postgres)")
+		if *peers && (n == "memory" || n == "mysql") {
+			return fmt.Errorf("%s has no peers (-peers measures redis and postgres)", n)
 		}
 		return nil
 	}, stderr)

@@ -65,3 +65,28 @@ func TestBenchQueuePeers(t *testing.T) {
 		t.Errorf("-peers -backends memory: status %d, want 2", code)
 	}
 }
+
+// dlock bench queue takes mysql (the queue driver of the mysql module):
+// its row has throughputs and a due-to-claimed latency, no floor; -peers
+// refuses it, as it has none.
+func TestBenchQueueMySQL(t *testing.T) {
+	u := "mysql://" + dlocktest.MariaDBUser + ":" + dlocktest.MariaDBPassword + "@" +
+		dlocktest.Require(t, dlocktest.MariaDB).Addr() + "/" + dlocktest.MariaDBDatabase
+	code, out, errOut := runCmd(t, "bench", "queue", "-backends", "mysql", "-url", "mysql="+u,
+		"-duration", "100ms", "-n", "5", "-rounds", "1", "-q")
+	if code != 0 {
+		t.Fatalf("status %d; stderr:\n%s", code, errOut)
+	}
+	var row []string
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "mysql" {
+			row = f
+		}
+	}
+	if len(row) != 9 || row[1] == "0" || row[2] != "-" || row[3] == "0" || row[7] == "-" {
+		t.Fatalf("mysql row %q in:\n%s", row, out)
+	}
+	if code, _, _ := runCmd(t, "bench", "queue", "-backends", "mysql", "-peers", "-url", "mysql="+u); code != 2 {
+		t.Errorf("-peers on mysql: status %d, want 2", code)
+	}
+}

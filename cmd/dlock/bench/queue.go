@@ -381,7 +381,7 @@ func WriteQueueText(w io.Writer, cfg QueueConfig, results []QueueResult) error {
 	fmt.Fprintln(w, "\n×floor: over a raw client doing the same work with the fewest server commands, in the same run. redis:\n"+
 		"one script each (enqueue ZADD NX+HSET; claim ZRANGEBYSCORE+ZREM+ZADD; ack ZREM+HDEL; pop ZRANGEBYSCORE+ZREM+HDEL).\n"+
 		"postgres: one statement each (INSERT; UPDATE/DELETE … FOR UPDATE SKIP LOCKED; DELETE). One task per Claim, Ack\n"+
-		"and Pop; enqueue turns stop at 20000 tasks. memory has no floor.")
+		"and Pop; enqueue turns stop at 20000 tasks. memory and mysql have no floor.")
 	for _, r := range results {
 		for _, e := range r.Errors {
 			fmt.Fprintf(w, "ERROR %s %s\n", r.Backend, e)
