@@ -284,15 +284,11 @@ func semThroughput(ctx context.Context, cfg PrimConfig, t PrimTarget, name strin
 // sample runs from the leader's grant to the candidate's
 // Elect returning, so it is the TTL plus what the backend and dlock add.
 func failover(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, ttl time.Duration, granted *time.Duration) (Latency, error) {
-	a, err := t.Open(ctx)
+	a, b, err := twoLockers(ctx, t)
 	if err != nil {
 		return Latency{}, err
 	}
 	defer closeLocker(a)
-	b, err := t.Open(ctx)
-	if err != nil {
-		return Latency{}, err
-	}
 	defer closeLocker(b)
 	var samples []time.Duration
 	start := time.Now()
@@ -330,15 +326,11 @@ const resignSettle = 100 * time.Millisecond
 // Elect; each sample runs from the Release's return to the candidate's
 // Elect returning: what a notified wait costs, not a TTL.
 func resign(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, ttl time.Duration) (Latency, error) {
-	a, err := t.Open(ctx)
+	a, b, err := twoLockers(ctx, t)
 	if err != nil {
 		return Latency{}, err
 	}
 	defer closeLocker(a)
-	b, err := t.Open(ctx)
-	if err != nil {
-		return Latency{}, err
-	}
 	defer closeLocker(b)
 	var samples []time.Duration
 	start := time.Now()
@@ -382,6 +374,18 @@ func resign(ctx context.Context, cfg PrimConfig, t PrimTarget, name string, ttl 
 		}
 	}
 	return Summarize(samples, time.Since(start)), nil
+}
+
+// twoLockers opens the leader's and the candidate's Lockers.
+func twoLockers(ctx context.Context, t PrimTarget) (a, b *dlock.Locker, err error) {
+	if a, err = t.Open(ctx); err != nil {
+		return nil, nil, err
+	}
+	if b, err = t.Open(ctx); err != nil {
+		closeLocker(a)
+		return nil, nil, err
+	}
+	return a, b, nil
 }
 
 func closeLocker(l *dlock.Locker) {
