@@ -15,6 +15,7 @@ import (
 
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
+	"github.com/dlock/dlock/mysql/internal/ident"
 )
 
 const (
@@ -77,8 +78,8 @@ func (o *Options) check() error {
 		return nil
 	}
 	if o.FenceTable != "" {
-		if err := validTable(o.FenceTable); err != nil {
-			return err
+		if err := ident.CheckTable("fence table", o.FenceTable); err != nil {
+			return invalid("%v", err)
 		}
 	}
 	if !utf8.ValidString(o.KeyPrefix) {
@@ -135,7 +136,7 @@ func newDriver(db *sql.DB, opts *Options, ownsDB bool) *driver {
 		defaults: o.Defaults,
 		prefix:   o.KeyPrefix,
 		fencing:  !o.NoFencing,
-		table:    quoteIdent(o.FenceTable),
+		table:    ident.Quote(o.FenceTable),
 		leases:   make(map[*lease]struct{}),
 		// The pools the driver opens itself (from a URL, NewFromConfig)
 		// take several statements per request; an application's may not.

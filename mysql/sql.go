@@ -77,28 +77,3 @@ func literal(s string) string { return "_utf8mb4 X'" + hex.EncodeToString([]byte
 
 // withTable puts the fence table's quoted name into a statement.
 func withTable(stmt, table string) string { return strings.ReplaceAll(stmt, "$TABLE", table) }
-
-// quoteIdent quotes a name, or a schema-qualified one, as an identifier.
-// The name has been checked by validTable.
-func quoteIdent(name string) string {
-	parts := strings.Split(name, ".")
-	for i, p := range parts {
-		parts[i] = "`" + p + "`"
-	}
-	return strings.Join(parts, ".")
-}
-
-// validTable rejects table names that are not one or two plain
-// identifiers (letters, digits, _ and $).
-func validTable(name string) error {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return invalid("fence table %q: want name or schema.name", name)
-	}
-	for _, p := range parts {
-		if p == "" || len(p) > 64 || strings.TrimLeft(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_$") != "" {
-			return invalid("fence table %q: want letters, digits, _ or $, at most 64 each side of the dot", name)
-		}
-	}
-	return nil
-}

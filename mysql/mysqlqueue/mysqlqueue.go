@@ -16,6 +16,7 @@ import (
 	"github.com/dlock/dlock"
 	dlockdriver "github.com/dlock/dlock/driver"
 	"github.com/dlock/dlock/mysql"
+	"github.com/dlock/dlock/mysql/internal/ident"
 	"github.com/dlock/dlock/queue"
 	qdriver "github.com/dlock/dlock/queue/driver"
 	gomysql "github.com/go-sql-driver/mysql"
@@ -66,8 +67,8 @@ func (o *Options) check() error {
 		return nil
 	}
 	if o.Table != "" {
-		if err := validTable(o.Table); err != nil {
-			return err
+		if err := ident.CheckTable("queue table", o.Table); err != nil {
+			return invalid("%v", err)
 		}
 	}
 	if o.PollInterval < 0 {
@@ -187,7 +188,7 @@ func newDriver(db *sql.DB, opts *Options, owns bool) *taskDriver {
 	}
 	d := &taskDriver{db: db, owns: owns, name: o.Table, poll: o.PollInterval,
 		txOpts: &sql.TxOptions{Isolation: sql.LevelReadCommitted}}
-	d.sql = strings.NewReplacer("$TABLE", quoteIdent(o.Table))
+	d.sql = strings.NewReplacer("$TABLE", ident.Quote(o.Table))
 	d.w.d = d
 	return d
 }
@@ -464,31 +465,6 @@ func (d *taskDriver) Close() error {
 	d.w.close()
 	if d.owns {
 		return d.db.Close()
-	}
-	return nil
-}
-
-// quoteIdent quotes a name, or schema.name, as an identifier; validTable
-// has checked it.
-func quoteIdent(name string) string {
-	parts := strings.Split(name, ".")
-	for i, p := range parts {
-		parts[i] = "`" + p + "`"
-	}
-	return strings.Join(parts, ".")
-}
-
-// validTable rejects table names that are not one or two plain
-// identifiers (letters, digits, _ and $), as the lock driver's fence_table.
-func validTable(name string) error {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return invalid("queue table %q: want name or schema.name", name)
-	}
-	for _, p := range parts {
-		if p == "" || len(p) > 64 || strings.TrimLeft(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_$") != "" {
-			return invalid("queue table %q: want letters, digits, _ or $, at most 64 each side of the dot", name)
-		}
 	}
 	return nil
 }
